@@ -1,0 +1,81 @@
+"""Metadata a person reads in the Dagster UI: row counts, column schema, a Markdown preview, plots, counts."""
+
+
+import base64
+import io
+import json
+from collections.abc import Sequence
+
+import dagster as dg
+import polars as pl
+
+
+def column_schema(schema: pl.Schema) -> dg.TableSchema:
+    return dg.TableSchema(columns=[dg.TableColumn(name, str(dtype)) for name, dtype in schema.items()])
+
+
+def _cell(value, width: int = 60) -> str:
+    text = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+    text = text.replace("\n", " ").replace("|", "\\|")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def markdown_preview(frame: pl.DataFrame, columns: Sequence[str], rows: int = 10) -> str:
+    if frame.height == 0:
+        return "_(no rows)_"
+    head = frame.select(columns).head(rows)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in head.iter_rows():
+        lines.append("| " + " | ".join(_cell(v) for v in row) + " |")
+    if frame.height > rows:
+        lines.append(f"\n_{frame.height - rows} more rows_")
+    return "\n".join(lines)
+
+
+def counts_markdown(frame: pl.DataFrame, column: str, title: str) -> str:
+    if frame.height == 0:
+        return f"**{title}**: none"
+    counts = frame.group_by(column).len().sort("len", descending=True)
+    lines = [f"| {title} | rows |", "|---|---|"]
+    lines += [f"| {value} | {count} |" for value, count in counts.iter_rows()]
+    return "\n".join(lines)
+
+
+def table_metadata(frame: pl.DataFrame, schema: pl.Schema, preview_columns: Sequence[str]) -> dict:
+    return {
+        "dagster/row_count": frame.height,
+        "dagster/column_schema": column_schema(schema),
+        "preview": dg.MetadataValue.md(markdown_preview(frame, preview_columns)),
+    }
+
+
+def histogram_markdown(values: Sequence[float], title: str, threshold: float | None = None, log_x: bool = True) -> str:
+    """A PNG histogram embedded in Markdown (the UI renders data URIs), with the threshold drawn as a line."""
+    values = [v for v in values if v is not None and v > 0]
+    if not values:
+        return f"**{title}**: no values to plot"
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(6, 3), dpi=100)
+    if log_x and max(values) / min(values) > 20:
+        bins = np.logspace(np.log10(min(values)), np.log10(max(values)), 30)
+        ax.set_xscale("log")
+    else:
+        bins = 30
+    ax.hist(values, bins=bins, color="#4a78b5")
+    if threshold is not None:
+        ax.axvline(threshold, color="#c0392b", linestyle="--", label=f"threshold {threshold:g}x")
+        ax.legend()
+    ax.set_title(title)
+    ax.set_xlabel("speedup over eager PyTorch (x)")
+    ax.set_ylabel("pairs")
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    encoded = base64.b64encode(buffer.getvalue()).decode()
+    return f"![{title}](data:image/png;base64,{encoded})"

@@ -1,0 +1,325 @@
+"""ConCuR ingestion: read PyTorch->CUDA pairs from any supported source and validate every row.
+
+Sources: the Hugging Face hub id (`datasets.load_dataset`), a `save_to_disk` directory, one `.arrow` file (stream or
+file format), Parquet, JSONL, or the seed corpus shipped with the project. Every row read ends up either accepted or
+in the rejects frame with a reason code: rows in == accepted + rejected.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import math
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from dice_pipeline.schemas import (
+    CONCUR_KNOWN_COLUMNS,
+    CONCUR_PAIRS,
+    CONCUR_REJECTS,
+    CONCUR_REQUIRED_COLUMNS,
+)
+
+SOURCE_ENV_VAR = "DICE_CONCUR_SOURCE"
+DEFAULT_HF_ID = "lkongam/ConCuR"
+SOURCE_KINDS = ("embedded", "hf", "disk", "arrow", "parquet", "jsonl")
+_MAX_REJECT_FIELD_CHARS = 4000
+
+
+class SourceError(ValueError):
+    """The source as a whole cannot be read (missing file, unknown format): nothing to ingest."""
+
+
+@dataclass(frozen=True)
+class ConcurSource:
+    kind: str
+    location: str = ""
+    split: str = "train"
+
+    def __post_init__(self):
+        if self.kind not in SOURCE_KINDS:
+            raise SourceError(f"unknown source kind {self.kind!r}; expected one of {', '.join(SOURCE_KINDS)}")
+        if self.kind != "embedded" and not self.location:
+            raise SourceError(f"source kind {self.kind!r} needs a location (hub id or path)")
+
+    @property
+    def name(self) -> str:
+        return "embedded" if self.kind == "embedded" else f"{self.kind}:{self.location}"
+
+    @classmethod
+    def parse(cls, spec: str | None, split: str = "train") -> ConcurSource:
+        """Parse a source spec: `embedded`, `hf:<id>`, `<kind>:<path>`, or a bare path (kind from its shape)."""
+        spec = (spec or "").strip() or "embedded"
+        if spec == "embedded":
+            return cls("embedded", split=split)
+        kind, sep, rest = spec.partition(":")
+        if sep and kind in SOURCE_KINDS:
+            return cls(kind, rest, split)
+        path = Path(spec)
+        if path.is_dir():
+            return cls("disk", spec, split)
+        suffix = path.suffix.lower()
+        by_suffix = {".arrow": "arrow", ".parquet": "parquet", ".jsonl": "jsonl", ".json": "jsonl"}
+        if suffix in by_suffix:
+            return cls(by_suffix[suffix], spec, split)
+        if not path.exists() and spec.count("/") == 1:
+            return cls("hf", spec, split)  # looks like a hub id, e.g. lkongam/ConCuR
+        raise SourceError(f"cannot tell what kind of source {spec!r} is; prefix it with one of {SOURCE_KINDS}")
+
+    @classmethod
+    def resolve(cls, spec: str | None = None, split: str = "train") -> ConcurSource:
+        """`spec` if given, else the DICE_CONCUR_SOURCE environment variable, else the embedded seed corpus."""
+        return cls.parse(spec or os.environ.get(SOURCE_ENV_VAR), split=split)
+
+
+@dataclass
+class SourceRow:
+    """One row as read: its index in the source and either its fields or why it could not be read."""
+
+    index: int
+    fields: dict[str, Any] | None
+    read_error: tuple[str, str] | None = None  # (reason_code, message)
+
+
+def _table_rows(table) -> Iterator[SourceRow]:
+    for index, fields in enumerate(table.to_pylist()):
+        yield SourceRow(index, fields)
+
+
+def read_source(source: ConcurSource) -> Iterator[SourceRow]:
+    """Yield every row of the source. Raises SourceError when the source itself cannot be opened."""
+    if source.kind == "embedded":
+        from dice_pipeline.seed_corpus import load_seed_pairs
+
+        for index, fields in enumerate(load_seed_pairs()):
+            yield SourceRow(index, fields)
+        return
+    if source.kind == "hf":
+        import datasets
+
+        dataset = datasets.load_dataset(source.location, split=source.split)
+        yield from _table_rows(dataset.data.table)
+        return
+    path = Path(source.location)
+    if not path.exists():
+        raise SourceError(f"{source.kind} source {path} does not exist")
+    if source.kind == "disk":
+        import datasets
+
+        loaded = datasets.load_from_disk(str(path))
+        if isinstance(loaded, datasets.DatasetDict):
+            if source.split not in loaded:
+                raise SourceError(f"{path} has splits {list(loaded)}, not {source.split!r}")
+            loaded = loaded[source.split]
+        yield from _table_rows(loaded.data.table)
+    elif source.kind == "arrow":
+        yield from _table_rows(_read_arrow_file(path))
+    elif source.kind == "parquet":
+        import pyarrow.parquet as pq
+
+        yield from _table_rows(pq.read_table(path))
+    elif source.kind == "jsonl":
+        yield from _read_jsonl(path)
+
+
+def _read_arrow_file(path: Path):
+    """Hugging Face writes Arrow in the streaming format; plain Arrow IPC files use the file format: try both."""
+    import pyarrow as pa
+
+    errors = []
+    for opener in (pa.ipc.open_stream, pa.ipc.open_file):
+        try:
+            with pa.memory_map(str(path)) as source:
+                return opener(source).read_all()
+        except (pa.ArrowInvalid, OSError) as exc:
+            errors.append(f"{opener.__name__}: {exc}")
+    raise SourceError(f"{path} is not an Arrow IPC stream or file ({'; '.join(errors)})")
+
+
+def _read_jsonl(path: Path) -> Iterator[SourceRow]:
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        index = 0
+        for line_number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                fields = json.loads(line)
+            except json.JSONDecodeError as exc:
+                yield SourceRow(index, None, ("unparseable_row", f"line {line_number}: invalid JSON ({exc.msg})"))
+            else:
+                if isinstance(fields, dict):
+                    yield SourceRow(index, fields)
+                else:
+                    yield SourceRow(index, None, ("unparseable_row", f"line {line_number}: not a JSON object"))
+            index += 1
+
+
+# --- validation ---------------------------------------------------------------------------------------------
+
+
+def _normalise_code(code: str) -> str:
+    lines = code.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return "\n".join(line.rstrip() for line in lines).strip()
+
+
+def content_sha256(pytorch_code: str, generated_code: str) -> str:
+    payload = _normalise_code(pytorch_code) + "\0" + _normalise_code(generated_code)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def _top_level_names(tree: ast.Module) -> tuple[set[str], set[str]]:
+    """Names of top-level classes and functions (assignments count too: `ModelNew = SomeClass`)."""
+    classes, functions = set(), set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            classes.add(node.name)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions.add(node.name)
+        elif isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name):
+                    classes.add(target.id)
+                    functions.add(target.id)
+    return classes, functions
+
+
+def _parse(code: str) -> ast.Module | str:
+    try:
+        return ast.parse(code)
+    except SyntaxError as exc:
+        return f"line {exc.lineno}: {exc.msg}"
+    except ValueError as exc:  # e.g. source with NUL bytes
+        return str(exc)
+
+
+def check_pair(fields: dict[str, Any]) -> tuple[str, str] | None:
+    """Return (reason_code, message) for the first problem with one row, or None if the row is usable.
+
+    Duplicates are decided across rows, by `validate_concur_rows`.
+    """
+    for column in CONCUR_REQUIRED_COLUMNS:
+        if fields.get(column) is None:
+            return "missing_required_column", f"required column {column!r} is missing or null"
+    for column in ("pytorch_code", "generated_code"):
+        value = fields[column]
+        if not isinstance(value, str):
+            return "empty_code", f"{column} is a {type(value).__name__}, not text"
+        if not value.strip():
+            return "empty_code", f"{column} is empty"
+    reference = _parse(fields["pytorch_code"])
+    if isinstance(reference, str):
+        return "unparseable_reference", f"pytorch_code does not parse: {reference}"
+    classes, functions = _top_level_names(reference)
+    if "Model" not in classes:
+        return "no_model_class", "pytorch_code defines no top-level class Model"
+    if "get_inputs" not in functions:
+        return "no_get_inputs", "pytorch_code defines no top-level get_inputs()"
+    if "get_init_inputs" not in functions:
+        return "no_get_init_inputs", "pytorch_code defines no top-level get_init_inputs()"
+    candidate = _parse(fields["generated_code"])
+    if isinstance(candidate, str):
+        return "unparseable_candidate", f"generated_code does not parse: {candidate}"
+    if "ModelNew" not in _top_level_names(candidate)[0]:
+        return "no_model_new", "generated_code defines no top-level class ModelNew"
+    speedup = fields.get("speedup_over_eager")
+    if speedup is not None:
+        try:
+            value = float(speedup)
+        except (TypeError, ValueError):
+            return "invalid_speedup", f"speedup_over_eager {speedup!r} is not a number"
+        if not math.isfinite(value) or value <= 0:
+            return "invalid_speedup", f"speedup_over_eager {speedup!r} is not a positive finite number"
+    return None
+
+
+def _json_safe(value: Any) -> Any:
+    try:
+        json.dumps(value)
+        return value
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _reject_snapshot(fields: dict[str, Any] | None) -> str:
+    if fields is None:
+        return "null"
+    clipped = {}
+    for key, value in fields.items():
+        if isinstance(value, str) and len(value) > _MAX_REJECT_FIELD_CHARS:
+            value = value[:_MAX_REJECT_FIELD_CHARS] + f"... [{len(value) - _MAX_REJECT_FIELD_CHARS} more chars]"
+        clipped[str(key)] = _json_safe(value)
+    return json.dumps(clipped, sort_keys=True)
+
+
+def validate_concur_rows(rows: Iterable[SourceRow], source_name: str) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Split rows into accepted pairs and rejects (with reason codes). Keeps the first of duplicate rows."""
+    accepted: list[dict[str, Any]] = []
+    rejected: list[dict[str, Any]] = []
+    seen_content: dict[str, str] = {}
+    seen_uuid: dict[str, int] = {}
+
+    def reject(row: SourceRow, code: str, message: str) -> None:
+        uuid = row.fields.get("uuid") if row.fields else None
+        rejected.append(
+            {
+                "source_name": source_name,
+                "source_row": row.index,
+                "uuid": None if uuid is None else str(uuid),
+                "reason_code": code,
+                "message": message,
+                "row_json": _reject_snapshot(row.fields),
+            }
+        )
+
+    for row in rows:
+        if row.read_error is not None:
+            reject(row, *row.read_error)
+            continue
+        problem = check_pair(row.fields)
+        if problem is not None:
+            reject(row, *problem)
+            continue
+        fields = row.fields
+        uuid = str(fields["uuid"])
+        digest = content_sha256(fields["pytorch_code"], fields["generated_code"])
+        if digest in seen_content:
+            reject(row, "duplicate_content", f"same reference and candidate as uuid {seen_content[digest]}")
+            continue
+        if uuid in seen_uuid:
+            reject(row, "duplicate_uuid", f"uuid already used by source row {seen_uuid[uuid]} with other content")
+            continue
+        seen_content[digest] = uuid
+        seen_uuid[uuid] = row.index
+        speedup = fields.get("speedup_over_eager")
+        extra = {str(k): _json_safe(v) for k, v in fields.items() if k not in CONCUR_KNOWN_COLUMNS}
+        accepted.append(
+            {
+                "uuid": uuid,
+                "problem_name": None if fields.get("problem_name") is None else str(fields["problem_name"]),
+                "pytorch_code": fields["pytorch_code"],
+                "generated_code": fields["generated_code"],
+                "generated_think": None if fields.get("generated_think") is None else str(fields["generated_think"]),
+                "speedup_over_eager": None if speedup is None else float(speedup),
+                "source_name": source_name,
+                "source_row": row.index,
+                "content_sha256": digest,
+                "extra_json": json.dumps(extra, sort_keys=True),
+            }
+        )
+    return (
+        pl.DataFrame(accepted, schema=CONCUR_PAIRS),
+        pl.DataFrame(rejected, schema=CONCUR_REJECTS),
+    )
+
+
+def ingest(source: ConcurSource) -> tuple[pl.DataFrame, pl.DataFrame, int]:
+    """Read and validate a source. Returns (accepted, rejects, rows_read)."""
+    rows = list(read_source(source))
+    accepted, rejects = validate_concur_rows(rows, source.name)
+    return accepted, rejects, len(rows)

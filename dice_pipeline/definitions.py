@@ -1,0 +1,34 @@
+"""The one place that assembles the Dagster Definitions: assets, checks, resources and jobs.
+
+`dagster dev -w workspace.yaml` loads this module; keep heavy imports (torch) out of it and of the asset modules.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from assets import filtering, ingestion, keys, verification
+from dice_pipeline.resources import KernelVerifier, WarehouseIOManager, WarehouseResource
+
+# Assets that depend on the threshold partition; rerunning at a new threshold materializes only these.
+THRESHOLD_DEPENDENT_ASSETS = [keys.SPEEDUP_FILTERED_PAIRS, keys.SPEEDUP_FILTER_DECISIONS]
+
+ALL_ASSETS = [ingestion.concur_ingestion, verification.verified_pairs, filtering.speedup_filtering]
+
+# Everything from ingestion to the curated dataset, for one threshold partition (the run's partition key).
+main_job = dg.define_asset_job(
+    "dice_main",
+    selection=dg.AssetSelection.all(),
+    description="Ingest, verify, filter at the run's threshold partition, and build the curated dataset.",
+)
+
+
+def build_resources() -> dict:
+    return {
+        "io_manager": WarehouseIOManager(),
+        "warehouse": WarehouseResource(),
+        "verifier": KernelVerifier(),
+    }
+
+
+defs = dg.Definitions(assets=ALL_ASSETS, jobs=[main_job], resources=build_resources())

@@ -1,0 +1,92 @@
+"""Speedup filtering: keep the pairs whose speedup over eager PyTorch is at or above a threshold.
+
+The speedup used for a pair is the one our verifier measured on a GPU where it exists; otherwise the figure the
+source recorded. A pair the verifier rejected (incorrect, deceptive, did not compile, ...) is never kept.
+Every pair gets a decision row with a reason code, so kept + dropped == ingested.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal, InvalidOperation
+
+import polars as pl
+
+from dice_pipeline.schemas import SPEEDUP_FILTER_DECISIONS, SPEEDUP_FILTERED_PAIRS, conform
+
+PAPER_THRESHOLD = 2.0
+# Statuses that mean "the verifier found nothing wrong"; anything else drops the pair.
+_PASSING_STATUSES = ("correct", "not_executed")
+
+
+def canonical_threshold_key(value: str | float) -> str:
+    """One spelling per threshold, so "2", "2.0" and "2.00" name the same partition: "2.0"."""
+    try:
+        number = Decimal(str(value).strip())
+    except InvalidOperation:
+        raise ValueError(f"speedup threshold {value!r} is not a number") from None
+    if not number.is_finite() or number <= 0:
+        raise ValueError(f"speedup threshold {value!r} must be a positive finite number")
+    text = format(number.normalize(), "f")
+    return text if "." in text else text + ".0"
+
+
+def parse_threshold_key(key: str) -> float:
+    """The threshold a partition key stands for; rejects non-canonical spellings with the canonical one named."""
+    canonical = canonical_threshold_key(key)
+    if canonical != key:
+        raise ValueError(f"threshold partition key {key!r} is not canonical; add and use {canonical!r} instead")
+    return float(canonical)
+
+
+def filter_by_speedup(
+    pairs: pl.DataFrame, verified: pl.DataFrame, threshold_key: str
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Decide every pair at one threshold. Returns (kept pairs, decisions for all pairs)."""
+    threshold = parse_threshold_key(threshold_key)
+    verdicts = verified.select("uuid", "status", "executed", "measured_speedup", "verdict_id")
+    joined = pairs.join(verdicts, on="uuid", how="left")
+    missing = joined.filter(pl.col("status").is_null())
+    if missing.height:
+        raise ValueError(
+            f"{missing.height} ingested pairs have no verification verdict (e.g. {missing['uuid'][0]}); "
+            "materialize verified_pairs for the current ingestion first"
+        )
+
+    decisions = []
+    for row in joined.iter_rows(named=True):
+        if row["executed"] and row["measured_speedup"] is not None:
+            speedup, speedup_source = row["measured_speedup"], "measured"
+        elif row["speedup_over_eager"] is not None:
+            speedup, speedup_source = row["speedup_over_eager"], "recorded"
+        else:
+            speedup, speedup_source = None, None
+        if row["status"] not in _PASSING_STATUSES:
+            reason = "failed_verification"
+        elif speedup is None or not math.isfinite(speedup):
+            reason = "no_speedup"
+        elif speedup >= threshold:
+            reason = "kept"
+        else:
+            reason = "below_threshold"
+        decisions.append(
+            {
+                "threshold_key": threshold_key,
+                "threshold": threshold,
+                "uuid": row["uuid"],
+                "kept": reason == "kept",
+                "reason_code": reason,
+                "speedup_used": speedup,
+                "speedup_source": speedup_source,
+                "verification_status": row["status"],
+                "verdict_id": row["verdict_id"],
+            }
+        )
+    decisions_frame = pl.DataFrame(decisions, schema=SPEEDUP_FILTER_DECISIONS)
+    kept = (
+        decisions_frame.filter(pl.col("kept"))
+        .drop("kept", "reason_code")
+        .join(pairs, on="uuid", how="left")
+        .sort("uuid")
+    )
+    return conform(kept, SPEEDUP_FILTERED_PAIRS), decisions_frame.sort("uuid")

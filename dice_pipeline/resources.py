@@ -1,0 +1,107 @@
+"""Dagster resources: the seams between the asset graph and the machinery (warehouse, verifier, generator).
+
+Swapping local for cluster execution is a change of resource configuration here, never of an asset.
+"""
+
+from __future__ import annotations
+
+import dagster as dg
+import polars as pl
+
+from dice_pipeline.paths import warehouse_path
+from warehouse import Warehouse, install_lineage_views, table_for
+
+
+class WarehouseResource(dg.ConfigurableResource):
+    """The DuckDB warehouse. `path` empty means DICE_WAREHOUSE_PATH, else `warehouse/dice.duckdb` in the project."""
+
+    path: str = ""
+
+    def open(self) -> Warehouse:
+        return Warehouse(self.path or warehouse_path())
+
+
+class WarehouseIOManager(dg.ConfigurableIOManager):
+    """Stores each asset's polars frame as the DuckDB table declared for it in `warehouse/tables.py`.
+
+    Unlike the stock DuckDB IO managers it writes empty frames (an empty result is still a table), creates tables
+    from the declared schema (so a new column is an ALTER, not a failed write), and replaces only the rows of the
+    partition being written. Lineage views are refreshed after every write.
+    """
+
+    path: str = ""
+
+    def _warehouse(self) -> Warehouse:
+        return Warehouse(self.path or warehouse_path())
+
+    @staticmethod
+    def _table_name(context: dg.OutputContext | dg.InputContext) -> str:
+        return context.asset_key.path[-1]
+
+    def handle_output(self, context: dg.OutputContext, obj: pl.DataFrame) -> None:
+        if not isinstance(obj, pl.DataFrame):
+            raise TypeError(f"{context.asset_key.to_user_string()} returned {type(obj).__name__}, not a polars frame")
+        spec = table_for(self._table_name(context))
+        partition_key = context.partition_key if context.has_partition_key else None
+        warehouse = self._warehouse()
+        rows = warehouse.write(spec, obj, partition_key=partition_key)
+        install_lineage_views(warehouse)
+        context.add_output_metadata({"warehouse/table": spec.qualified_name, "warehouse/rows_written": rows})
+
+    def load_input(self, context: dg.InputContext) -> pl.DataFrame:
+        spec = table_for(self._table_name(context))
+        keys = None
+        if spec.partition_column is not None and context.has_asset_partitions:
+            keys = list(context.asset_partition_keys)
+        return self._warehouse().read(spec, partition_keys=keys)
+
+
+class KernelVerifier(dg.ConfigurableResource):
+    """Judges candidate kernels against their references (see dice_pipeline/verify). The seam every stage uses:
+    filtering, structure synthesis, the RL reward and KernelBench evaluation.
+
+    `execute`: `auto` runs on a GPU where one is visible, else static checks + compile only (verdicts say
+    not_executed); `never` forces the latter; `always` fails without a GPU instead of degrading.
+    """
+
+    execute: str = "auto"
+    devices: list[int] = []  # GPU indices to shard over; empty = every visible GPU
+    correctness_trials: int = 5
+    timing_samples: int = 100
+    compile_timeout_s: float = 900.0
+    run_timeout_s: float = 180.0
+    build_cache_dir: str = ""  # empty = <project cache>/kernel_builds
+    max_parallel_builds: int = 0  # 0 = one per CPU core
+    compile_without_gpu: bool = True  # on a GPU-less host, still try to compile (needs nvcc)
+
+    def verify_config(self):
+        from dice_pipeline.paths import cache_dir
+        from dice_pipeline.verify import VerifyConfig
+
+        if self.execute not in ("auto", "always", "never"):
+            raise ValueError(f"execute must be auto, always or never, not {self.execute!r}")
+        return VerifyConfig(
+            execute={"auto": None, "always": True, "never": False}[self.execute],
+            devices=list(self.devices) or None,
+            correctness_trials=self.correctness_trials,
+            timing_samples=self.timing_samples,
+            compile_timeout_s=self.compile_timeout_s,
+            run_timeout_s=self.run_timeout_s,
+            build_cache_dir=self.build_cache_dir or str(cache_dir() / "kernel_builds"),
+            max_parallel_builds=self.max_parallel_builds or None,
+            compile_without_gpu=self.compile_without_gpu,
+        )
+
+    def describe(self) -> str:
+        return f"execute={self.execute}, devices={list(self.devices) or 'all'}, trials={self.correctness_trials}"
+
+    def verify(self, jobs: list[tuple[str, str, str]], log=None) -> list:
+        """Judge (job_id, reference_src, candidate_src) triples; returns one Verdict per job, in order."""
+        from dice_pipeline.verify import VerifyJob, verify_batch
+
+        batch = [VerifyJob(job_id, reference, candidate) for job_id, reference, candidate in jobs]
+        on_result = None
+        if log is not None:
+            def on_result(job, verdict):
+                log(f"{job.job_id}: {verdict.summary()}")
+        return verify_batch(batch, self.verify_config(), on_result=on_result)

@@ -1,0 +1,133 @@
+"""Typed schemas of every table the pipeline produces, declared once.
+
+The loaders build frames with these schemas, the warehouse creates its DuckDB tables from them, and the tests
+check frames against them. Polars is imported here, so GPU-side code must not import this module.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import polars as pl
+
+# Columns every ConCuR-style source must provide for a row to be usable.
+CONCUR_REQUIRED_COLUMNS = ("uuid", "pytorch_code", "generated_code")
+# Columns ConCuR documents; absent optional ones become nulls. Anything else a source has is kept in `extra_json`.
+CONCUR_KNOWN_COLUMNS = (
+    "uuid",
+    "problem_name",
+    "pytorch_code",
+    "generated_code",
+    "generated_think",
+    "speedup_over_eager",
+)
+
+CONCUR_PAIRS = pl.Schema(
+    {
+        "uuid": pl.String,
+        "problem_name": pl.String,
+        "pytorch_code": pl.String,
+        "generated_code": pl.String,
+        "generated_think": pl.String,
+        "speedup_over_eager": pl.Float64,  # as recorded by the source (null where the source has none)
+        "source_name": pl.String,  # e.g. "embedded", "hf:lkongam/ConCuR", "parquet:/data/x.parquet"
+        "source_row": pl.Int64,  # 0-based row index in the source, for tracing a row back
+        "content_sha256": pl.String,  # hash of the whitespace-normalised reference + candidate
+        "extra_json": pl.String,  # source columns beyond CONCUR_KNOWN_COLUMNS, as a JSON object
+    }
+)
+
+CONCUR_REJECTS = pl.Schema(
+    {
+        "source_name": pl.String,
+        "source_row": pl.Int64,
+        "uuid": pl.String,
+        "reason_code": pl.String,
+        "message": pl.String,
+        "row_json": pl.String,  # the rejected row as read (truncated fields), so nothing is lost silently
+    }
+)
+
+VERIFIED_PAIRS = pl.Schema(
+    {
+        "uuid": pl.String,
+        "problem_name": pl.String,
+        "status": pl.String,  # dice_pipeline.verify.Status value
+        "executed": pl.Boolean,  # False where no GPU was available: status is then not_executed or a static/compile reject
+        "reason_codes": pl.List(pl.String),
+        "flags": pl.List(pl.String),
+        "measured_speedup": pl.Float64,
+        "reference_median_ms": pl.Float64,
+        "candidate_median_ms": pl.Float64,
+        "max_abs_diff": pl.Float64,
+        "correct_at_1e2": pl.Boolean,
+        "correct_at_1e4": pl.Boolean,
+        "verifier_version": pl.String,
+        "gpu_name": pl.String,
+        "verdict_id": pl.String,  # stable id of this verdict: sha256 of uuid + verdict JSON
+        "verdict_json": pl.String,
+    }
+)
+
+# One row per ingested pair per threshold: kept or not, and why. `speedup_filtered_pairs` is the kept subset.
+SPEEDUP_FILTER_DECISIONS = pl.Schema(
+    {
+        "threshold_key": pl.String,
+        "threshold": pl.Float64,
+        "uuid": pl.String,
+        "kept": pl.Boolean,
+        "reason_code": pl.String,  # kept | below_threshold | no_speedup | failed_verification
+        "speedup_used": pl.Float64,
+        "speedup_source": pl.String,  # measured (our verifier on a GPU) | recorded (the source's own figure)
+        "verification_status": pl.String,
+        "verdict_id": pl.String,
+    }
+)
+
+SPEEDUP_FILTERED_PAIRS = pl.Schema(
+    {
+        "threshold_key": pl.String,
+        "threshold": pl.Float64,
+        "uuid": pl.String,
+        "problem_name": pl.String,
+        "pytorch_code": pl.String,
+        "generated_code": pl.String,
+        "generated_think": pl.String,
+        "speedup_used": pl.Float64,
+        "speedup_source": pl.String,
+        "verification_status": pl.String,
+        "verdict_id": pl.String,
+        "source_name": pl.String,
+        "source_row": pl.Int64,
+    }
+)
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """Where a table lives in the warehouse and its declared schema. `partition_column` names the column that
+    holds a Dagster partition key (rows of one partition are replaced together); None for unpartitioned tables."""
+
+    schema_name: str
+    table_name: str
+    schema: pl.Schema
+    partition_column: str | None = None
+
+    @property
+    def qualified_name(self) -> str:
+        return f"{self.schema_name}.{self.table_name}"
+
+
+def empty_frame(schema: pl.Schema) -> pl.DataFrame:
+    return pl.DataFrame(schema=schema)
+
+
+def conform(frame: pl.DataFrame, schema: pl.Schema) -> pl.DataFrame:
+    """Return `frame` with exactly the declared columns, in order, cast to the declared types.
+
+    A missing declared column is an error (a bug in the producer), not something to fill in silently.
+    """
+    missing = [name for name in schema.names() if name not in frame.columns]
+    if missing:
+        raise ValueError(f"frame is missing declared columns {missing}; has {frame.columns}")
+    return frame.select([pl.col(name).cast(dtype, strict=True) for name, dtype in schema.items()])

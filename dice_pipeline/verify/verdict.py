@@ -1,0 +1,118 @@
+"""The verifier's verdict: the one data contract every stage reads (filtering, synthesis, RL reward, evaluation).
+
+Standard library only: the verdict is built in GPU worker processes (torch, no Dagster) and read in the
+Dagster process (no torch), and travels between them as JSON.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+VERIFIER_VERSION = "0.1.0"
+
+
+class Status(str, Enum):
+    """Outcome of judging one candidate. Ordered roughly by how far the candidate got."""
+
+    COMPILE_ERROR = "compile_error"  # the candidate's extension (or Python file) did not build / import
+    RUNTIME_ERROR = "runtime_error"  # it built but raised or crashed while running
+    TIMEOUT = "timeout"  # a stage ran past its time limit; the process group was killed
+    INCORRECT = "incorrect"  # it ran but its outputs do not match the reference
+    DECEPTIVE = "deceptive"  # it games the check (PyTorch fallback, timer patching, caching, side streams...)
+    CORRECT = "correct"  # built, matched the reference on every trial, passed every anti-gaming check
+    NOT_EXECUTED = "not_executed"  # every check reachable here passed, but execution needs a GPU that is absent
+
+
+# Statuses that end a candidate for good: no downstream stage may use it.
+REJECTING_STATUSES = frozenset(
+    {Status.COMPILE_ERROR, Status.RUNTIME_ERROR, Status.TIMEOUT, Status.INCORRECT, Status.DECEPTIVE}
+)
+
+
+@dataclass
+class Reason:
+    """One finding, machine-readable `code` (e.g. `torch_op_on_forward_path`) plus a human message."""
+
+    code: str
+    message: str
+    stage: str = ""  # static | compile | correctness | anti_gaming | timing
+
+
+@dataclass
+class TimingStats:
+    """Per-call GPU time in milliseconds over `n` timed samples."""
+
+    median_ms: float
+    iqr_ms: float
+    mean_ms: float
+    n: int
+    cv: float  # coefficient of variation (std / mean)
+
+
+@dataclass
+class Verdict:
+    status: Status
+    reasons: list[Reason] = field(default_factory=list)
+    # Correctness at the worst trial. Both tolerances are recorded: 1e-2 (DICE, KernelBench v0.1) and 1e-4
+    # (KernelBench's current fp32 policy). `status == CORRECT` uses VerifyConfig's policy.
+    max_abs_diff: float | None = None
+    mean_abs_diff: float | None = None
+    correct_at_1e2: bool | None = None
+    correct_at_1e4: bool | None = None
+    trials_passed: int | None = None
+    trials_run: int | None = None
+    reference_timing: TimingStats | None = None
+    candidate_timing: TimingStats | None = None
+    speedup: float | None = None  # reference median / candidate median, eager PyTorch baseline
+    # Advisory observations that are not failures by themselves: overhead_dominated, degenerate_task, ...
+    flags: list[str] = field(default_factory=list)
+    compile_seconds: float | None = None
+    build_cache_hit: bool | None = None
+    custom_kernel_time_share: float | None = None  # share of GPU time spent in non-ATen kernels
+    provenance: dict[str, Any] = field(default_factory=dict)  # gpu, driver, torch, cuda, verifier version, time
+
+    @property
+    def passed(self) -> bool:
+        return self.status == Status.CORRECT
+
+    def reason_codes(self) -> list[str]:
+        return [r.code for r in self.reasons]
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["status"] = self.status.value
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Verdict:
+        d = dict(d)
+        d["status"] = Status(d["status"])
+        d["reasons"] = [Reason(**r) for r in d.get("reasons") or []]
+        for key in ("reference_timing", "candidate_timing"):
+            if d.get(key) is not None:
+                d[key] = TimingStats(**d[key])
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    @classmethod
+    def from_json(cls, text: str) -> Verdict:
+        return cls.from_dict(json.loads(text))
+
+    def summary(self) -> str:
+        """One line for the CLI and logs."""
+        parts = [self.status.value]
+        if self.speedup is not None:
+            parts.append(f"speedup={self.speedup:.2f}x")
+        if self.max_abs_diff is not None:
+            parts.append(f"max_abs_diff={self.max_abs_diff:.2e}")
+        if self.reasons:
+            parts.append("reasons=" + ",".join(self.reason_codes()))
+        if self.flags:
+            parts.append("flags=" + ",".join(self.flags))
+        return " ".join(parts)

@@ -1,0 +1,81 @@
+"""Speedup filtering: canonical threshold keys, which speedup is used, and the decision for every pair."""
+
+import polars as pl
+import pytest
+
+from dice_pipeline.concur import validate_concur_rows, SourceRow
+from dice_pipeline.filtering import canonical_threshold_key, filter_by_speedup, parse_threshold_key
+from dice_pipeline.schemas import VERIFIED_PAIRS
+
+
+@pytest.mark.parametrize("raw,key", [("2", "2.0"), ("2.00", "2.0"), (2.0, "2.0"), ("1.5", "1.5"), ("0.75", "0.75"),
+                                     ("10", "10.0"), ("1.25000", "1.25")])
+def test_threshold_keys_are_canonical(raw, key):
+    assert canonical_threshold_key(raw) == key
+
+
+@pytest.mark.parametrize("bad", ["fast", "-1", "0", "nan", "inf", ""])
+def test_bad_thresholds_are_refused(bad):
+    with pytest.raises(ValueError):
+        canonical_threshold_key(bad)
+
+
+def test_non_canonical_partition_key_names_the_canonical_one():
+    with pytest.raises(ValueError, match="'2.0'"):
+        parse_threshold_key("2.00")
+
+
+def _pairs(pair_factory, speedups):
+    rows = [SourceRow(i, pair_factory(i, speedup=s)) for i, s in enumerate(speedups)]
+    accepted, rejects = validate_concur_rows(rows, "test")
+    assert rejects.height == 0
+    return accepted
+
+
+def _verdicts(pairs, statuses, measured):
+    return pl.DataFrame(
+        {
+            "uuid": pairs["uuid"],
+            "problem_name": pairs["problem_name"],
+            "status": statuses,
+            "executed": [m is not None for m in measured],
+            "reason_codes": [[] for _ in statuses],
+            "flags": [[] for _ in statuses],
+            "measured_speedup": measured,
+            "verdict_id": [f"v{i}" for i in range(len(statuses))],
+        }
+    ).with_columns(
+        [pl.lit(None, dtype=t).alias(c) for c, t in VERIFIED_PAIRS.items()
+         if c not in ("uuid", "problem_name", "status", "executed", "reason_codes", "flags", "measured_speedup",
+                      "verdict_id")]
+    ).select(VERIFIED_PAIRS.names())
+
+
+def test_filter_keeps_rows_at_exact_threshold_and_prefers_measured_speedup(pair_factory):
+    pairs = _pairs(pair_factory, [2.0, 1.99, 5.0, 3.0, None, 4.0])
+    verdicts = _verdicts(
+        pairs,
+        ["not_executed", "not_executed", "correct", "incorrect", "not_executed", "deceptive"],
+        [None, None, 1.2, None, None, None],
+    )
+    kept, decisions = filter_by_speedup(pairs, verdicts, "2.0")
+    by_uuid = {r["uuid"]: r for r in decisions.iter_rows(named=True)}
+    assert by_uuid["pair-0"]["reason_code"] == "kept"  # exactly at the threshold
+    assert by_uuid["pair-0"]["speedup_source"] == "recorded"
+    assert by_uuid["pair-1"]["reason_code"] == "below_threshold"
+    # Recorded 5.0 but our GPU measured 1.2: the measurement wins.
+    assert by_uuid["pair-2"]["reason_code"] == "below_threshold"
+    assert by_uuid["pair-2"]["speedup_used"] == 1.2 and by_uuid["pair-2"]["speedup_source"] == "measured"
+    assert by_uuid["pair-3"]["reason_code"] == "failed_verification"
+    assert by_uuid["pair-4"]["reason_code"] == "no_speedup"
+    assert by_uuid["pair-5"]["reason_code"] == "failed_verification"
+    assert kept["uuid"].to_list() == ["pair-0"]
+    assert decisions.height == pairs.height
+    assert (kept["threshold_key"] == "2.0").all()
+
+
+def test_filter_refuses_pairs_without_verdicts(pair_factory):
+    pairs = _pairs(pair_factory, [3.0, 3.0])
+    verdicts = _verdicts(pairs.head(1), ["correct"], [3.0])
+    with pytest.raises(ValueError, match="no verification verdict"):
+        filter_by_speedup(pairs, verdicts, "2.0")

@@ -1,0 +1,63 @@
+-- Views that answer the lineage questions users ask. Recreated after every write of a stage table.
+CREATE SCHEMA IF NOT EXISTS lineage;
+
+-- Every ingested pair, its verification verdict, and the speedup the filter would use for it.
+CREATE OR REPLACE VIEW lineage.pair_verification AS
+SELECT
+    p.uuid,
+    p.problem_name,
+    p.source_name,
+    p.source_row,
+    p.speedup_over_eager AS recorded_speedup,
+    v.status AS verification_status,
+    v.executed,
+    v.measured_speedup,
+    v.reason_codes,
+    v.flags,
+    v.verifier_version,
+    v.gpu_name,
+    v.verdict_id
+FROM ingest.concur_pairs p
+LEFT JOIN verify.verified_pairs v USING (uuid);
+
+-- Per threshold: each pair's filter decision with its source row and both speedups.
+-- e.g. SELECT * FROM lineage.filter_lineage WHERE threshold_key = '2.0' AND kept;
+CREATE OR REPLACE VIEW lineage.filter_lineage AS
+SELECT
+    d.threshold_key,
+    d.threshold,
+    d.uuid,
+    p.problem_name,
+    p.source_name,
+    p.source_row,
+    d.kept,
+    d.reason_code,
+    d.speedup_used,
+    d.speedup_source,
+    p.speedup_over_eager AS recorded_speedup,
+    v.measured_speedup,
+    d.verification_status,
+    d.verdict_id
+FROM filter.speedup_filter_decisions d
+LEFT JOIN ingest.concur_pairs p USING (uuid)
+LEFT JOIN verify.verified_pairs v USING (uuid);
+
+-- Counts per threshold: kept, and dropped by reason. Thresholds materialised side by side appear as rows.
+CREATE OR REPLACE VIEW lineage.threshold_summary AS
+SELECT threshold_key, threshold, reason_code, count(*) AS pairs
+FROM filter.speedup_filter_decisions
+GROUP BY ALL
+ORDER BY threshold, reason_code;
+
+-- Every rejection anywhere in the pipeline, one row each, with its stage and reason.
+CREATE OR REPLACE VIEW lineage.rejections AS
+SELECT 'ingest' AS stage, NULL AS threshold_key, uuid, source_name, source_row, reason_code, message
+FROM ingest.concur_rejects
+UNION ALL
+SELECT 'verify', NULL, v.uuid, p.source_name, p.source_row, v.status, array_to_string(v.reason_codes, ',')
+FROM verify.verified_pairs v LEFT JOIN ingest.concur_pairs p USING (uuid)
+WHERE v.status NOT IN ('correct', 'not_executed')
+UNION ALL
+SELECT 'filter', d.threshold_key, d.uuid, p.source_name, p.source_row, d.reason_code, d.verification_status
+FROM filter.speedup_filter_decisions d LEFT JOIN ingest.concur_pairs p USING (uuid)
+WHERE NOT d.kept;
