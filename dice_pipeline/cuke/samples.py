@@ -15,6 +15,7 @@ import polars as pl
 from dice_pipeline.cuke.decontaminate import DECONTAMINATION_DROPS, KernelBenchIndex, decontaminate
 from dice_pipeline.cuke.difficulty import score_difficulty
 from dice_pipeline.cuke.normalize import content_hash, normalized_or_collapsed
+from dice_pipeline.filtering import canonical_threshold_key
 from dice_pipeline.prompts import extract_code_block, format_kernel_response, kernel_generation_messages, render_chat
 from dice_pipeline.verify.verdict import REJECTING_STATUSES
 
@@ -110,10 +111,6 @@ STRUCTURE_COLUMN_ALIASES = {
 }
 
 
-def _threshold_key(threshold: float) -> str:
-    return f"{threshold:.2f}"
-
-
 def candidates_from_filtered_pairs(pairs: pl.DataFrame) -> pl.DataFrame:
     """Map `speedup_filtered_pairs` rows (dice_pipeline.schemas.SPEEDUP_FILTERED_PAIRS) to SFT candidates."""
     if pairs.height == 0:
@@ -161,7 +158,7 @@ def candidates_from_structure_instances(instances: pl.DataFrame, threshold: floa
         columns["generated_code"].cast(pl.String).alias("generated_code"),
         columns["generated_think"].cast(pl.String).alias("generated_think"),
         pl.lit(threshold, dtype=pl.Float64).alias("threshold"),
-        pl.lit(_threshold_key(threshold)).alias("threshold_key"),
+        pl.lit(canonical_threshold_key(threshold)).alias("threshold_key"),
         columns["speedup_used"].cast(pl.Float64).alias("speedup_used"),
         pl.lit("measured").alias("speedup_source"),
         columns["verification_status"].cast(pl.String).alias("verification_status"),
@@ -180,7 +177,8 @@ class SftBuild:
     counts: dict = field(default_factory=dict)
 
 
-def _upstream_reject(candidate: dict, threshold: float) -> tuple[str, str] | None:
+def _upstream_reject(candidate: dict) -> tuple[str, str] | None:
+    threshold = candidate["threshold"]
     if candidate["kept_upstream"] is False:
         return "not_kept_by_synthesis", "kept=False in the structure-instances table"
     status = candidate["verification_status"]
@@ -209,6 +207,7 @@ def build_sft_samples(
     kernelbench_index: KernelBenchIndex | None = None,
     include_reasoning: bool = True,
     enable_thinking: bool | None = None,
+    structure_threshold: float | None = None,
 ) -> SftBuild:
     """Build CuKe SFT samples from the speedup-filtered pairs and the structure instances at `threshold`.
 
@@ -216,12 +215,15 @@ def build_sft_samples(
     rejected; duplicates (same normalised reference and kernel) keep the fastest copy; with `kernelbench_index`,
     references matching a KernelBench task are dropped with the task named. `include_reasoning` puts a source's
     `generated_think` before the answer as `<think>...</think>`; `enable_thinking` is passed to the template for
-    the prompt (False pre-fills an empty think block, Qwen3's no-thinking mode)."""
+    the prompt (False pre-fills an empty think block, Qwen3's no-thinking mode). `structure_threshold` is the
+    speedup structure instances must reach (the paper keeps them when "correct and faster", i.e. > 1.0, whatever
+    the ConCuR threshold); None applies `threshold` to them too."""
     frames = []
     if filtered_pairs is not None:
         frames.append(candidates_from_filtered_pairs(filtered_pairs))
     if structure_instances is not None:
-        frames.append(candidates_from_structure_instances(structure_instances, threshold))
+        structure_min = threshold if structure_threshold is None else structure_threshold
+        frames.append(candidates_from_structure_instances(structure_instances, structure_min))
     candidates = pl.concat(frames) if frames else pl.DataFrame(schema=SFT_CANDIDATES)
     # Fastest first, so that of duplicate kernels the fastest measurement is the one kept (stable for ties).
     candidates = candidates.sort("speedup_used", descending=True, nulls_last=True, maintain_order=True)
@@ -244,7 +246,7 @@ def build_sft_samples(
         )
 
     for candidate in candidates.iter_rows(named=True):
-        problem = _upstream_reject(candidate, threshold)
+        problem = _upstream_reject(candidate)
         if problem is not None:
             reject(candidate, *problem)
             continue
