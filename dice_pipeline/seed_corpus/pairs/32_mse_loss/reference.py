@@ -1,0 +1,28 @@
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    """
+    Mean squared error between predictions and targets, reduced to a scalar.
+    """
+
+    def __init__(self):
+        super(Model, self).__init__()
+
+    def forward(self, predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return torch.mean((predictions - targets) ** 2)
+
+
+batch_size = 8192
+dim = 4096
+
+
+def get_inputs():
+    predictions = torch.randn(batch_size, dim)
+    targets = torch.randn(batch_size, dim)
+    return [predictions, targets]
+
+
+def get_init_inputs():
+    return []
