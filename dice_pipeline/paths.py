@@ -47,3 +47,15 @@ def ensure_dagster_home() -> Path:
         config.write_text(template.read_text())
     os.environ["DAGSTER_HOME"] = str(home)
     return home
+
+
+KERNELBENCH_ENV_VAR = "DICE_KERNELBENCH_TASKS"
+
+
+def kernelbench_tasks_path() -> Path | None:
+    """KernelBench's task set (levels 1-3 as JSONL, or a KernelBench checkout's `KernelBench/` folder), used for
+    decontamination and evaluation: DICE_KERNELBENCH_TASKS, else the team's shared copy beside the checkout."""
+    if os.environ.get(KERNELBENCH_ENV_VAR):
+        return Path(os.environ[KERNELBENCH_ENV_VAR])
+    shared = project_root().parent / "shared" / "data" / "kernelbench" / "tasks.jsonl"
+    return shared if shared.is_file() else None

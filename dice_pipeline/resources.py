@@ -105,3 +105,51 @@ class KernelVerifier(dg.ConfigurableResource):
             def on_result(job, verdict):
                 log(f"{job.job_id}: {verdict.summary()}")
         return verify_batch(batch, self.verify_config(), on_result=on_result)
+
+
+class KernelGeneratorResource(dg.ConfigurableResource):
+    """Where candidate kernels come from (see dice_pipeline/synthesis).
+
+    `templates` (default, offline): the team's CUDA templates. `openai`: any OpenAI-compatible chat endpoint (vLLM,
+    hosted APIs); URL, model and key from the fields or DICE_GENERATOR_BASE_URL / _MODEL / _API_KEY. `checkpoint`:
+    a local transformers or block-diffusion (SDAR/DICE) checkpoint directory.
+    """
+
+    backend: str = "templates"
+    base_url: str = ""
+    model: str = ""
+    api_key_env: str = "DICE_GENERATOR_API_KEY"  # the key is read from this variable, never stored in config
+    temperature: float = 1.0
+    top_p: float = 0.95
+    max_tokens: int = 4096
+    requests_per_minute: float = 60.0
+    checkpoint_path: str = ""
+    response_cache_dir: str = ""  # empty = <project cache>/generator_responses
+
+    def build(self):
+        import os
+
+        from dice_pipeline.paths import cache_dir
+        from dice_pipeline import synthesis
+
+        if self.backend == "templates":
+            return synthesis.TemplateGenerator()
+        if self.backend == "openai":
+            config = synthesis.OpenAICompatibleConfig.from_env(
+                base_url=self.base_url,
+                model=self.model,
+                api_key=os.environ.get(self.api_key_env, ""),
+                temperature=self.temperature,
+                top_p=self.top_p,
+                max_tokens=self.max_tokens,
+                requests_per_minute=self.requests_per_minute,
+                cache_dir=self.response_cache_dir or str(cache_dir() / "generator_responses"),
+            )
+            return synthesis.OpenAICompatibleGenerator(config)
+        if self.backend == "checkpoint":
+            if not self.checkpoint_path:
+                raise ValueError("backend=checkpoint needs checkpoint_path")
+            return synthesis.TransformersGenerator.from_pretrained(
+                self.checkpoint_path, max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p
+            )
+        raise ValueError(f"unknown generator backend {self.backend!r}; use templates, openai or checkpoint")

@@ -131,3 +131,32 @@ def conform(frame: pl.DataFrame, schema: pl.Schema) -> pl.DataFrame:
     if missing:
         raise ValueError(f"frame is missing declared columns {missing}; has {frame.columns}")
     return frame.select([pl.col(name).cast(dtype, strict=True) for name, dtype in schema.items()])
+
+
+# One row per generated structure candidate, kept or not (dice_pipeline/synthesis/instances.py fills it).
+STRUCTURE_INSTANCES = pl.Schema(
+    {
+        "task_id": pl.String,
+        "family": pl.String,
+        "model_family": pl.String,
+        "shape_json": pl.String,
+        "pytorch_code": pl.String,  # the catalogue task's reference
+        "candidate_index": pl.Int64,
+        "job_id": pl.String,
+        "generator_backend": pl.String,
+        "generator_model": pl.String,
+        "generator_settings_json": pl.String,
+        "prompt_json": pl.String,
+        "finish_reason": pl.String,
+        "latency_s": pl.Float64,
+        "candidate_code": pl.String,
+        "verdict_json": pl.String,
+        "verdict_id": pl.String,
+        "status": pl.String,
+        "speedup": pl.Float64,
+        "kept": pl.Boolean,
+        "reject_reason": pl.String,
+        "reject_message": pl.String,
+        "threshold": pl.Float64,
+    }
+)

@@ -5,10 +5,24 @@ One DuckDB schema per pipeline stage: `ingest`, `verify`, `filter`, `synthesis`,
 
 from __future__ import annotations
 
+import polars as pl
+
 from dice_pipeline import schemas
+from dice_pipeline.cuke.decontaminate import DECONTAMINATION_DROPS
+from dice_pipeline.cuke.rl_pool import RL_TASK_POOL
+from dice_pipeline.cuke.infilling import INFILLING_REJECTS, STAGE1_TASK_SCHEMA
+from dice_pipeline.cuke.samples import CUKE_SFT_REJECTS, CUKE_SFT_SAMPLES
 from dice_pipeline.schemas import TableSpec
 
 THRESHOLD_PARTITION_COLUMN = "threshold_key"
+# CuKe tables carry the threshold partition they were built for in their own column: a sample's `threshold_key`
+# is the floor its own source applied (structure instances use theirs), not necessarily the build's.
+CUKE_PARTITION_COLUMN = "cuke_threshold_key"
+
+
+def _cuke(table_name: str, schema: pl.Schema) -> TableSpec:
+    return TableSpec("cuke", table_name, pl.Schema({CUKE_PARTITION_COLUMN: pl.String, **schema}), CUKE_PARTITION_COLUMN)
+
 
 TABLES: dict[str, TableSpec] = {
     "concur_pairs": TableSpec("ingest", "concur_pairs", schemas.CONCUR_PAIRS),
@@ -20,6 +34,13 @@ TABLES: dict[str, TableSpec] = {
     "speedup_filtered_pairs": TableSpec(
         "filter", "speedup_filtered_pairs", schemas.SPEEDUP_FILTERED_PAIRS, THRESHOLD_PARTITION_COLUMN
     ),
+    "structure_instances": TableSpec("synthesis", "structure_instances", schemas.STRUCTURE_INSTANCES),
+    "cuke_sft_samples": _cuke("cuke_sft_samples", CUKE_SFT_SAMPLES),
+    "cuke_sft_rejects": _cuke("cuke_sft_rejects", CUKE_SFT_REJECTS),
+    "cuke_decontamination_drops": _cuke("cuke_decontamination_drops", DECONTAMINATION_DROPS),
+    "cuke_infilling_tasks": _cuke("cuke_infilling_tasks", STAGE1_TASK_SCHEMA),
+    "cuke_infilling_rejects": _cuke("cuke_infilling_rejects", INFILLING_REJECTS),
+    "rl_end_to_end_tasks": TableSpec("rl", "rl_end_to_end_tasks", RL_TASK_POOL),
 }
 
 

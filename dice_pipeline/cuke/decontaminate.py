@@ -30,10 +30,8 @@ import polars as pl
 
 from dice_pipeline.cuke.normalize import code_tokens, normalized_or_collapsed, shingles
 from dice_pipeline.cuke.ops import analyze_reference
+from dice_pipeline.paths import KERNELBENCH_ENV_VAR, kernelbench_tasks_path
 from dice_pipeline.kernelbench import KernelBenchTask, load_kernelbench_tasks
-
-DEFAULT_KERNELBENCH_TASKS = Path("/work/shared/data/kernelbench/tasks.jsonl")
-
 
 @dataclass(frozen=True)
 class DecontaminationConfig:
@@ -86,7 +84,14 @@ class KernelBenchIndex:
                 self.postings.setdefault(shingle, []).append(i)
 
     @classmethod
-    def from_path(cls, path: str | Path = DEFAULT_KERNELBENCH_TASKS, config: DecontaminationConfig | None = None):
+    def from_path(cls, path: str | Path | None = None, config: DecontaminationConfig | None = None):
+        """Index KernelBench's tasks at `path` (default: dice_pipeline.paths.kernelbench_tasks_path())."""
+        path = path or kernelbench_tasks_path()
+        if path is None or not Path(path).exists():
+            raise FileNotFoundError(
+                f"KernelBench tasks not found ({path or 'no path'}): set {KERNELBENCH_ENV_VAR} to KernelBench's "
+                "tasks.jsonl or its KernelBench/ folder"
+            )
         return cls(load_kernelbench_tasks(path).tasks, config)
 
     def _raw_fingerprint(self, code: str) -> _Fingerprint:
@@ -184,7 +189,6 @@ def decontamination_summary(drops: pl.DataFrame, n_checked: int, config: Deconta
 
 __all__ = [
     "DECONTAMINATION_DROPS",
-    "DEFAULT_KERNELBENCH_TASKS",
     "DecontaminationConfig",
     "KernelBenchIndex",
     "KernelBenchMatch",

@@ -231,6 +231,9 @@ def split_kernel_file(code: str) -> InfillSplit | InfillReject:
         return InfillReject(reject.reason_code, reject.message)
 
 
+INFILLING_REJECTS = pl.Schema({"row_id": pl.String, "reason_code": pl.String, "message": pl.String})
+
+
 def build_infilling_split(rows, id_column: str = "sample_id", code_column: str = "generated_code"):
     """Split every row's kernel file. Returns (splits, rejects) DataFrames; every input row lands in exactly one.
     `splits` keeps the input columns and adds prefix, middle, suffix, source_variable."""
@@ -253,8 +256,7 @@ def build_infilling_split(rows, id_column: str = "sample_id", code_column: str =
         "suffix": pl.String,
         "source_variable": pl.String,
     }
-    reject_schema = {"row_id": pl.String, "reason_code": pl.String, "message": pl.String}
-    return pl.DataFrame(kept, schema=split_schema), pl.DataFrame(rejected, schema=reject_schema)
+    return pl.DataFrame(kept, schema=split_schema), pl.DataFrame(rejected, schema=INFILLING_REJECTS)
 
 
 def build_stage1_tasks(splits, id_column: str = "sample_id", reference_column: str = "pytorch_code"):

@@ -97,17 +97,17 @@ SFT_REJECT_REASONS = {
 
 # Column names a structure-instances table may use for each candidate field (first one present wins).
 STRUCTURE_COLUMN_ALIASES = {
-    "source_id": ("candidate_id", "instance_id", "uuid"),
+    "source_id": ("job_id", "candidate_id", "instance_id", "uuid"),
     "problem_name": ("task_id", "task_name", "problem_name"),
     "pytorch_code": ("pytorch_code", "reference_code"),
-    "generated_code": ("generated_code", "candidate_code", "kernel_code"),
+    "generated_code": ("candidate_code", "generated_code", "kernel_code"),
     "generated_think": ("generated_think", "reasoning"),
     "speedup_used": ("speedup_used", "measured_speedup", "speedup"),
     "verification_status": ("verification_status", "status"),
     "verdict_id": ("verdict_id",),
     "op_family": ("op_family", "family"),
     "kept_upstream": ("kept",),
-    "source_name": ("generator", "source_name"),
+    "source_name": ("generator_backend", "generator", "source_name"),
 }
 
 

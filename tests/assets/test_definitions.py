@@ -15,6 +15,14 @@ EXPECTED_ASSET_KEYS = sorted([
     "verified_pairs",
     "speedup_filtered_pairs",
     "speedup_filter_decisions",
+    "structure_instances",
+    "cuke_sft_samples",
+    "cuke_sft_rejects",
+    "cuke_decontamination_drops",
+    "cuke_infilling_tasks",
+    "cuke_infilling_rejects",
+    "cuke_hf_dataset",
+    "rl_end_to_end_tasks",
 ])
 
 

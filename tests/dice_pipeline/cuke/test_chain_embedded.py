@@ -7,11 +7,14 @@ import datasets
 import polars as pl
 import pytest
 
-from dice_pipeline.cuke.decontaminate import DEFAULT_KERNELBENCH_TASKS, KernelBenchIndex, decontamination_summary
+from dice_pipeline.paths import kernelbench_tasks_path
+from dice_pipeline.cuke.decontaminate import KernelBenchIndex, decontamination_summary
 from dice_pipeline.cuke.export import build_lineage, export_cuke
 from dice_pipeline.cuke.infilling import build_infilling_split, build_stage1_tasks
 from dice_pipeline.cuke.samples import build_sft_samples
 from dice_pipeline.schemas import SPEEDUP_FILTERED_PAIRS, VERIFIED_PAIRS
+
+KERNELBENCH_TASKS = kernelbench_tasks_path()
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +30,7 @@ def embedded_pairs() -> pl.DataFrame:
 
 @pytest.fixture(scope="module")
 def index() -> KernelBenchIndex | None:
-    return KernelBenchIndex.from_path(DEFAULT_KERNELBENCH_TASKS) if DEFAULT_KERNELBENCH_TASKS.is_file() else None
+    return KernelBenchIndex.from_path(KERNELBENCH_TASKS) if KERNELBENCH_TASKS is not None else None
 
 
 def _export_and_reload(build, index, out_dir) -> int:

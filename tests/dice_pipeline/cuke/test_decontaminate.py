@@ -7,16 +7,18 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from dice_pipeline.paths import kernelbench_tasks_path
 from dice_pipeline.cuke.decontaminate import (
-    DEFAULT_KERNELBENCH_TASKS,
     KernelBenchIndex,
     decontaminate,
     decontamination_summary,
 )
 from dice_pipeline.cuke.normalize import normalize_python
 
+KERNELBENCH_TASKS = kernelbench_tasks_path()
+
 pytestmark = pytest.mark.skipif(
-    not Path(DEFAULT_KERNELBENCH_TASKS).is_file(), reason=f"KernelBench tasks not found at {DEFAULT_KERNELBENCH_TASKS}"
+    KERNELBENCH_TASKS is None, reason=f"KernelBench tasks not found at {KERNELBENCH_TASKS}"
 )
 
 # KernelBench L2/37_Matmul_Swish_Sum_GroupNorm disguised: other class, attribute and variable names, `from torch
@@ -111,7 +113,7 @@ def test_disguised_kernelbench_task_is_caught_and_named(index):
 def test_kernelbench_tasks_match_themselves_exactly():
     from dice_pipeline.kernelbench import load_kernelbench_tasks
 
-    tasks = load_kernelbench_tasks(DEFAULT_KERNELBENCH_TASKS).tasks[::25]
+    tasks = load_kernelbench_tasks(KERNELBENCH_TASKS).tasks[::25]
     small_index = KernelBenchIndex(tasks)
     for task in tasks:
         match = small_index.match(task.code)

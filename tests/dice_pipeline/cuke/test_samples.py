@@ -9,11 +9,14 @@ import datasets
 import polars as pl
 import pytest
 
-from dice_pipeline.cuke.decontaminate import DEFAULT_KERNELBENCH_TASKS, KernelBenchIndex
+from dice_pipeline.paths import kernelbench_tasks_path
+from dice_pipeline.cuke.decontaminate import KernelBenchIndex
 from dice_pipeline.cuke.export import build_lineage, composition_table, export_cuke, length_distributions
 from dice_pipeline.cuke.samples import CUKE_SFT_SAMPLES, build_sft_samples
 from dice_pipeline.prompts import extract_code_block
 from dice_pipeline.schemas import SPEEDUP_FILTERED_PAIRS
+
+KERNELBENCH_TASKS = kernelbench_tasks_path()
 
 REFERENCE = """import torch
 import torch.nn as nn
@@ -186,7 +189,7 @@ def test_structure_instances_join_with_their_family_and_unkept_ones_are_rejected
     assert build.counts["candidates_by_source"] == {"concur": 1, "structure": 2}
 
 
-@pytest.mark.skipif(not Path(DEFAULT_KERNELBENCH_TASKS).is_file(), reason="KernelBench tasks.jsonl absent")
+@pytest.mark.skipif(KERNELBENCH_TASKS is None, reason="KernelBench tasks.jsonl absent")
 def test_kernelbench_copy_is_decontaminated_and_named():
     rows = [pair("u1"), pair("u2", reference=KERNELBENCH_SOFTMAX_COPY, kernel=KERNEL.replace("2.f", "5.f"))]
     build = build_sft_samples(pairs_frame(rows), None, threshold=2.0, kernelbench_index=KernelBenchIndex.from_path())

@@ -1,0 +1,80 @@
+"""Stage 4, Attention/MLP structure synthesis: LLM-block reference tasks at varied shapes, candidate kernels from
+the configured generator backend, each verified; only correct ones faster than the floor are kept."""
+
+import hashlib
+
+import dagster as dg
+import polars as pl
+
+from assets import keys
+from assets.metadata import counts_markdown, histogram_markdown, table_metadata
+from dice_pipeline.resources import KernelGeneratorResource, KernelVerifier
+from dice_pipeline.schemas import STRUCTURE_INSTANCES, conform
+
+
+class StructureSynthesisConfig(dg.Config):
+    """`families` empty = the whole catalogue. `min_speedup` is the floor a correct candidate must reach to be kept
+    (the paper keeps structure instances that are "correct and faster": 1.0)."""
+
+    families: list[str] = []
+    n_per_task: int = 1
+    min_speedup: float = 1.0
+    seed: int = 0
+
+
+def _verdict_id(job_id: str, verdict_json: str | None) -> str | None:
+    if verdict_json is None:
+        return None
+    return hashlib.sha256(f"{job_id}\0{verdict_json}".encode()).hexdigest()[:16]
+
+
+@dg.asset(
+    key=keys.STRUCTURE_INSTANCES,
+    group_name=keys.GROUP_SYNTHESIS,
+    kinds={"cuda", "pytorch", "duckdb"},
+    code_version="1",
+    pool="gpu",
+    check_specs=[dg.AssetCheckSpec("kept_are_correct_and_fast", asset=keys.STRUCTURE_INSTANCES, blocking=True)],
+)
+def structure_instances(
+    context: dg.AssetExecutionContext,
+    config: StructureSynthesisConfig,
+    generator: KernelGeneratorResource,
+    verifier: KernelVerifier,
+):
+    """Generate candidate kernels for the Attention/MLP structure catalogue (MHA/GQA/MQA with RoPE and a causal
+    mask, SwiGLU and GELU MLPs, norms with residual, a GPT-2 block) and verify each. Every candidate is a row with
+    its generator, prompt and verdict, kept or not, and why."""
+    from dice_pipeline.synthesis import structure_catalogue, synthesize_structure_instances
+
+    tasks = structure_catalogue(config.families or None)
+    backend = generator.build()
+    context.log.info(f"{len(tasks)} catalogue tasks x {config.n_per_task} candidates from {generator.backend}")
+    rows = synthesize_structure_instances(
+        tasks, backend, lambda jobs: verifier.verify(jobs, log=context.log.info), config.n_per_task,
+        config.min_speedup, seed=config.seed,
+    )
+    reference_by_task = {task.task_id: task.pytorch_code for task in tasks}
+    for row in rows:
+        row["pytorch_code"] = reference_by_task[row["task_id"]]
+        row["verdict_id"] = _verdict_id(row["job_id"] or row["task_id"], row["verdict_json"])
+    frame = conform(pl.DataFrame(rows, schema_overrides=dict(STRUCTURE_INSTANCES), strict=False)
+                    if rows else pl.DataFrame(schema=STRUCTURE_INSTANCES), STRUCTURE_INSTANCES)
+    kept = frame.filter(pl.col("kept"))
+    yield dg.Output(
+        frame,
+        metadata={
+            **table_metadata(frame, STRUCTURE_INSTANCES,
+                             ["task_id", "generator_backend", "status", "speedup", "kept", "reject_reason"]),
+            "kept": kept.height,
+            "kept_by_family": dg.MetadataValue.md(counts_markdown(kept, "family", "family")),
+            "rejections_by_reason": dg.MetadataValue.md(
+                counts_markdown(frame.filter(~pl.col("kept")), "reject_reason", "reason")),
+            "speedup_histogram": dg.MetadataValue.md(
+                histogram_markdown(frame["speedup"].to_list(), "structure candidates: speedup over eager",
+                                   threshold=config.min_speedup)),
+        },
+    )
+    bad = kept.filter((pl.col("status") != "correct") | (pl.col("speedup") < config.min_speedup))
+    yield dg.AssetCheckResult(check_name="kept_are_correct_and_fast", passed=bad.height == 0,
+                              metadata={"violations": bad.height})
