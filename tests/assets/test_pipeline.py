@@ -11,7 +11,7 @@ from dagster._utils.test.data_versions import get_stale_status_resolver
 
 from assets import keys
 from dice_pipeline import definitions
-from dice_pipeline.resources import KernelVerifier, WarehouseIOManager, WarehouseResource
+from dice_pipeline.resources import KernelGeneratorResource, KernelVerifier, WarehouseIOManager, WarehouseResource
 from warehouse import Warehouse, table_for
 
 
@@ -35,6 +35,7 @@ def env(tmp_path):
         "warehouse": WarehouseResource(path=warehouse_file),
         # No GPU in CI, and compiling is covered by the verifier's own tests: static checks only here.
         "verifier": KernelVerifier(execute="never", compile_without_gpu=False),
+        "generator": KernelGeneratorResource(),
         "mem": dg.InMemoryIOManager(),
     }
     return instance, resources, Warehouse(warehouse_file)

@@ -1,0 +1,257 @@
+"""The verifier's public entry points: judge one candidate or a batch. Static checks run here (AST only), builds
+run as a parallel CPU stage of isolated workers, and GPU judgement runs one isolated worker per candidate, sharded
+over the configured devices and overlapping the builds still in flight. Standard library only in this process.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import queue
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+import dice_pipeline
+from dice_pipeline.verify.config import VerifyConfig, VerifyJob
+from dice_pipeline.verify.sandbox import SandboxResult, run_isolated, scrubbed_environment
+from dice_pipeline.verify.static_checks import StaticReport, check_candidate_source
+from dice_pipeline.verify.verdict import VERIFIER_VERSION, Reason, Status, Verdict
+
+REPO_ROOT = str(Path(dice_pipeline.__file__).resolve().parent.parent)
+ResultCallback = Callable[[VerifyJob, Verdict], None]
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    driver: str
+    compute_capability: str
+
+
+def _visible_indices() -> set[int] | None:
+    """GPU indices this process was given through CUDA_VISIBLE_DEVICES (e.g. by a Dagster GPU pool); None = all."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return None
+    parts = [p.strip() for p in visible.split(",") if p.strip()]
+    if not all(p.isdigit() for p in parts):
+        return None  # GPU UUIDs: nvidia-smi indices cannot be matched to them here, so do not filter
+    return {int(p) for p in parts}
+
+
+def gpu_inventory() -> list[GpuInfo]:
+    """GPUs as nvidia-smi reports them (no torch in this process), limited to CUDA_VISIBLE_DEVICES when it lists
+    indices; empty where there is no driver."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,driver_version,compute_cap",
+                              "--format=csv,noheader"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    if out.returncode != 0:
+        return []
+    gpus = []
+    for line in out.stdout.strip().splitlines():
+        index, name, driver, cap = [part.strip() for part in line.split(",")]
+        gpus.append(GpuInfo(int(index), name, driver, cap))
+    visible = _visible_indices()
+    return [g for g in gpus if visible is None or g.index in visible]
+
+
+def _utc_now() -> str:
+    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class _BatchRun:
+    """State of one verify_batch call: config, GPUs, and how each stage's worker result becomes a verdict."""
+
+    def __init__(self, config: VerifyConfig, on_result: ResultCallback | None):
+        self.config = config
+        self.gpus = gpu_inventory()
+        if config.devices is not None:
+            self.gpus = [g for g in self.gpus if g.index in config.devices]
+        self.execute = bool(self.gpus) if config.execute is None else config.execute
+        if self.execute and not self.gpus:
+            raise RuntimeError("VerifyConfig.execute=True but no GPU is visible (nvidia-smi lists none)")
+        self.arch = self.gpus[0].compute_capability if self.gpus else config.compile_arch
+        self.on_result = on_result
+        self.lock = threading.Lock()
+        Path(config.build_cache_dir).mkdir(parents=True, exist_ok=True)
+
+    def provenance(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        gpu = self.gpus[0] if self.gpus else None
+        base = {"verifier_version": VERIFIER_VERSION, "time": _utc_now(), "host": platform.node(),
+                "gpu": gpu.name if gpu else None, "driver": gpu.driver if gpu else None, "arch": self.arch,
+                "build_profile": self.config.build_profile, "tolerance_policy": self.config.tolerance_policy}
+        base.update(extra or {})
+        return base
+
+    def _run_worker(self, job: VerifyJob, stage: str, static: StaticReport | None, device: int | None) -> tuple[SandboxResult, dict[str, Any] | None]:
+        scratch = Path(tempfile.mkdtemp(prefix=f"dice_verify_{stage}_"))
+        try:
+            result_path = scratch / "result.json"
+            request = {"stage": stage, "reference_src": job.reference_src, "candidate_src": job.candidate_src,
+                       "config": self.config.to_dict(), "cache_dir": str(Path(self.config.build_cache_dir).resolve()),
+                       "build_profile": self.config.build_profile, "arch": self.arch, "result_path": str(result_path),
+                       "static_kernel_names": static.kernel_names if static else []}
+            (scratch / "request.json").write_text(json.dumps(request))
+            env = scrubbed_environment({
+                "HOME": str(scratch), "TMPDIR": str(scratch), "PYTHONPATH": REPO_ROOT, "PYTHONUNBUFFERED": "1",
+                # nvidia-smi numbers GPUs in PCI order; make CUDA use the same order so the index means the same GPU.
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+                "CUDA_VISIBLE_DEVICES": "" if device is None else str(device), "MAX_JOBS": "2",
+                "TORCH_EXTENSIONS_DIR": str(Path(self.config.build_cache_dir).resolve() / "torch_extensions"),
+            })
+            timeout = self.config.compile_timeout_s if stage == "build" else self.config.run_timeout_s
+            outcome = run_isolated([sys.executable, "-m", "dice_pipeline.verify.worker", str(scratch / "request.json")],
+                                   cwd=scratch, env=env, timeout_s=timeout, memory_cap_mb=self.config.memory_cap_mb,
+                                   isolate_network=self.config.isolate_network)
+            payload = json.loads(result_path.read_text()) if result_path.exists() else None
+            return outcome, payload
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def _failure_verdict(self, stage: str, outcome: SandboxResult, static: StaticReport) -> Verdict:
+        sandbox_facts = {"network_isolated": outcome.network_isolated, "peak_rss_mb": round(outcome.peak_rss_mb, 1)}
+        if outcome.timed_out:
+            status, code = Status.TIMEOUT, f"{stage}_timeout"
+            limit = self.config.compile_timeout_s if stage == "build" else self.config.run_timeout_s
+            message = f"{stage} stage exceeded {limit:g} s; process group killed"
+        elif outcome.memory_exceeded:
+            status = Status.COMPILE_ERROR if stage == "build" else Status.RUNTIME_ERROR
+            code, message = "memory_cap_exceeded", f"worker group passed {self.config.memory_cap_mb} MB resident"
+        else:
+            status = Status.COMPILE_ERROR if stage == "build" else Status.RUNTIME_ERROR
+            how = f"signal {outcome.killed_by_signal}" if outcome.killed_by_signal else f"exit code {outcome.returncode}"
+            code, message = "worker_crashed", f"{stage} worker died ({how}): {outcome.output_tail[-2000:]}"
+        return Verdict(status=status, reasons=[Reason(code, message, "compile" if stage == "build" else "correctness")],
+                       flags=list(static.flags), provenance=self.provenance(sandbox_facts))
+
+    def static_verdict(self, static: StaticReport) -> Verdict:
+        assert static.status is not None
+        return Verdict(status=static.status, reasons=list(static.reasons), flags=list(static.flags),
+                       provenance=self.provenance())
+
+    def build(self, job: VerifyJob, static: StaticReport) -> tuple[Verdict | None, dict[str, Any]]:
+        """Build stage; returns a final verdict if the candidate ends here, and the build facts."""
+        outcome, payload = self._run_worker(job, "build", static, device=None)
+        if payload is None:
+            return self._failure_verdict("build", outcome, static), {}
+        facts = {"compile_seconds": payload.get("compile_seconds"), "build_cache_hit": payload.get("build_cache_hit"),
+                 "builds": payload.get("builds"), "build_mode": payload.get("build_mode"),
+                 "network_isolated": payload.get("network_isolated")}
+        if payload["status"] == "compile_error":
+            reason = Reason(**payload["reason"])
+            return Verdict(status=Status.COMPILE_ERROR, reasons=[reason], flags=list(static.flags),
+                           compile_seconds=facts["compile_seconds"], build_cache_hit=facts["build_cache_hit"],
+                           provenance=self.provenance(facts)), facts
+        return None, facts
+
+    def warm_precompiled_header(self) -> None:
+        """Build the torch/extension.h PCH for the common flag set (no extra cflags) while the first candidates
+        build without it; later builds pick it up. A failure only means builds go on without a PCH."""
+        self._run_worker(VerifyJob("pch", "", ""), "pch", None, device=None)
+
+    def not_executed(self, static: StaticReport, facts: dict[str, Any], built: bool = True) -> Verdict:
+        code = "no_gpu" if not self.gpus else "execution_disabled"
+        passed = "static checks and the compile passed" if built else "static checks passed (build skipped by config)"
+        message = (f"no GPU here: {passed}; correctness, anti-gaming runtime checks and timing were not run"
+                   if code == "no_gpu" else f"execution disabled by config: {passed}; nothing was run")
+        return Verdict(status=Status.NOT_EXECUTED, reasons=[Reason(code, message, "correctness")],
+                       flags=list(static.flags), compile_seconds=facts.get("compile_seconds"),
+                       build_cache_hit=facts.get("build_cache_hit"), provenance=self.provenance(facts))
+
+    def judge(self, job: VerifyJob, static: StaticReport, facts: dict[str, Any], device: int) -> Verdict:
+        outcome, payload = self._run_worker(job, "run", static, device=device)
+        if payload is None:
+            return self._failure_verdict("run", outcome, static)
+        provenance = self.provenance({**facts, **payload.pop("provenance", {}),
+                                      "device_index": device, "run_seconds": round(outcome.wall_seconds, 2),
+                                      "extension_load_seconds": payload.get("compile_seconds"),
+                                      "network_isolated": payload.get("network_isolated")})
+        if "reason" in payload:  # early exits (import failures) carry one reason
+            payload["reasons"] = [payload.pop("reason")]
+        payload.update(provenance=provenance, compile_seconds=facts.get("compile_seconds"),
+                       build_cache_hit=facts.get("build_cache_hit"))
+        verdict = Verdict.from_dict(payload)
+        verdict.flags = list(dict.fromkeys(static.flags + verdict.flags))
+        return verdict
+
+    def finish(self, job: VerifyJob, verdict: Verdict, results: list[Verdict | None], index: int) -> None:
+        with self.lock:
+            results[index] = verdict
+            if self.on_result is not None:
+                self.on_result(job, verdict)
+
+
+def verify_batch(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,
+                 on_result: ResultCallback | None = None) -> list[Verdict]:
+    """Judge every job; verdicts come back in the order of `jobs` (one per job, none dropped)."""
+    config = config or VerifyConfig()
+    run = _BatchRun(config, on_result)
+    results: list[Verdict | None] = [None] * len(jobs)
+    ready: queue.Queue[tuple[int, StaticReport, dict[str, Any]] | None] = queue.Queue()
+
+    # Static checks first (AST only, milliseconds): rejected candidates never reach a build worker.
+    statics = [check_candidate_source(job.reference_src, job.candidate_src,
+                                      forbid_torch_compute_on_forward=config.forbid_torch_compute_on_forward)
+               for job in jobs]
+    to_build = [i for i, static in enumerate(statics) if static.status is None]
+    for index, static in enumerate(statics):
+        if static.status is not None:
+            run.finish(jobs[index], run.static_verdict(static), results, index)
+
+    def build_one(index: int) -> None:
+        job, static = jobs[index], statics[index]
+        if not run.execute and not config.build_without_gpu:
+            run.finish(job, run.not_executed(static, {}, built=False), results, index)
+            return
+        verdict, facts = run.build(job, static)
+        if verdict is None and run.execute:
+            ready.put((index, static, facts))
+            return
+        run.finish(job, verdict or run.not_executed(static, facts), results, index)
+
+    def gpu_loop(device: int) -> None:
+        while (item := ready.get()) is not None:
+            index, static, facts = item
+            run.finish(jobs[index], run.judge(jobs[index], static, facts, device), results, index)
+
+    gpu_threads = [threading.Thread(target=gpu_loop, args=(g.index,), daemon=True) for g in run.gpus] if run.execute else []
+    for thread in gpu_threads:
+        thread.start()
+    with ThreadPoolExecutor(max_workers=config.max_parallel_builds) as pool:
+        # A PCH pays off only when many builds share a host with cores to spare; a lone build does not wait for it.
+        if config.build_profile == "fast" and config.use_precompiled_header and len(to_build) >= 4 \
+                and config.max_parallel_builds >= 4:
+            pool.submit(run.warm_precompiled_header)
+        list(pool.map(build_one, to_build))
+    for _ in gpu_threads:
+        ready.put(None)
+    for thread in gpu_threads:
+        thread.join()
+    missing = [jobs[i].job_id for i, v in enumerate(results) if v is None]
+    if missing:
+        raise RuntimeError(f"verifier produced no verdict for {missing}")
+    return [v for v in results if v is not None]
+
+
+def verify_candidate(reference_src: str, candidate_src: str, config: VerifyConfig | None = None) -> Verdict:
+    """Judge one candidate `ModelNew` source against one KernelBench-format reference source."""
+    return verify_batch([VerifyJob("candidate", reference_src, candidate_src)], config)[0]
+
+
+def compile_only(reference_src: str, candidate_src: str, config: VerifyConfig | None = None) -> Verdict:
+    """Static checks and the build, never execution (works with nvcc and no GPU): NOT_EXECUTED when both pass."""
+    return verify_candidate(reference_src, candidate_src, replace(config or VerifyConfig(), execute=False))

@@ -1,0 +1,400 @@
+"""Build a candidate's CUDA extension fast and once: intercepts `torch.utils.cpp_extension.load_inline`/`load`
+inside the worker, keys each build by a content hash (sources, flags, torch/CUDA versions, arch, recipe), builds for
+the local arch only, trims `torch/extension.h` out of CUDA sources and precompiles it for the C++ binding file.
+
+Two modes: "torch" builds and loads the extension through torch's own cpp_extension (GPU host, CUDA torch);
+"compile_only" runs g++/nvcc -c directly on the same generated files with the installed torch's headers (a CPU
+torch wheel ships ATen/cuda and c10/cuda headers but refuses CUDA sources), so a machine with nvcc and no GPU can
+reject candidates that do not compile. Module level is standard library only; torch is imported inside the worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sysconfig
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+# Bump when the generated files or flags change: old cache entries must not be reused.
+BUILD_RECIPE_VERSION = "1"
+FULL_HEADER_INCLUDE = re.compile(r'#\s*include\s*[<"]torch/extension\.h[>"]')
+# torch/types.h is what load_inline itself puts first in every CUDA file; extension.h adds pybind11 and the whole
+# C++ frontend on top (about half the preprocessing time), which a .cu file never needs since the bindings live
+# in main.cpp.
+TRIMMED_HEADER_INCLUDE = "#include <torch/types.h>"
+PCH_HEADER_NAME = "dice_torch_extension_pch.h"
+
+
+class ExtensionCompileError(RuntimeError):
+    """The candidate's extension did not build; `log` holds the compiler output."""
+
+    def __init__(self, message: str, log: str = ""):
+        super().__init__(message)
+        self.log = log
+
+
+@dataclass
+class ExtensionSources:
+    """Arguments of one `load_inline` call, normalised (lists, dict of functions)."""
+
+    name: str
+    cpp_sources: list[str]
+    cuda_sources: list[str] = field(default_factory=list)
+    functions: dict[str, str] | None = None
+    extra_cflags: list[str] = field(default_factory=list)
+    extra_cuda_cflags: list[str] = field(default_factory=list)
+    extra_ldflags: list[str] = field(default_factory=list)
+    extra_include_paths: list[str] = field(default_factory=list)
+    with_pytorch_error_handling: bool = True
+    no_implicit_headers: bool = False
+    is_python_module: bool = True
+
+    @classmethod
+    def from_load_inline(cls, name: str, cpp_sources: Any, cuda_sources: Any = None, functions: Any = None,
+                         extra_cflags: Any = None, extra_cuda_cflags: Any = None, extra_ldflags: Any = None,
+                         extra_include_paths: Any = None, with_pytorch_error_handling: bool = True,
+                         no_implicit_headers: bool = False, is_python_module: bool = True, **_ignored: Any) -> ExtensionSources:
+        def as_list(value: Any) -> list[str]:
+            if value is None:
+                return []
+            return [value] if isinstance(value, str) else [str(v) for v in value]
+
+        if isinstance(functions, str):
+            functions = [functions]
+        if isinstance(functions, (list, tuple)):
+            functions = {f: f for f in functions}
+        return cls(
+            name=str(name), cpp_sources=as_list(cpp_sources), cuda_sources=as_list(cuda_sources),
+            functions=dict(functions) if functions is not None else None, extra_cflags=as_list(extra_cflags),
+            extra_cuda_cflags=as_list(extra_cuda_cflags), extra_ldflags=as_list(extra_ldflags),
+            extra_include_paths=as_list(extra_include_paths),
+            with_pytorch_error_handling=bool(with_pytorch_error_handling),
+            no_implicit_headers=bool(no_implicit_headers), is_python_module=bool(is_python_module),
+        )
+
+
+def build_key(sources: ExtensionSources, toolchain: dict[str, str]) -> str:
+    """Content hash of everything that changes the built binary (the extension's name is part of the symbol)."""
+    payload = json.dumps({"sources": asdict(sources), "toolchain": toolchain, "recipe": BUILD_RECIPE_VERSION},
+                         sort_keys=True)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def trim_cuda_headers(cuda_sources: list[str]) -> list[str] | None:
+    """CUDA sources with `torch/extension.h` replaced by `torch/types.h`, or None when there is nothing to trim."""
+    trimmed = [FULL_HEADER_INCLUDE.sub(TRIMMED_HEADER_INCLUDE, s) for s in cuda_sources]
+    return trimmed if trimmed != cuda_sources else None
+
+
+def binding_source(sources: ExtensionSources) -> str:
+    """main.cpp exactly as load_inline writes it: implicit header, the C++ sources, pybind11 bindings."""
+    lines = ([] if sources.no_implicit_headers else ["#include <torch/extension.h>"]) + list(sources.cpp_sources)
+    if sources.functions is not None:
+        lines.append("PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {")
+        for fn, doc in sources.functions.items():
+            target = f"torch::wrap_pybind_function({fn})" if sources.with_pytorch_error_handling else fn
+            lines.append(f'm.def("{fn}", {target}, "{doc}");')
+        lines.append("}")
+    return "\n".join(lines)
+
+
+def cuda_file_source(cuda_sources: list[str], no_implicit_headers: bool) -> str:
+    """cuda.cu exactly as load_inline writes it."""
+    implicit = [] if no_implicit_headers else ["#include <torch/types.h>", "#include <cuda.h>", "#include <cuda_runtime.h>"]
+    return "\n".join(implicit + list(cuda_sources))
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """Exclusive advisory lock; concurrent builders of the same key wait here instead of racing torch's baton."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _safe_identifier(name: str) -> str:
+    cleaned = re.sub(r"\W", "_", name) or "ext"
+    return cleaned if not cleaned[0].isdigit() else "_" + cleaned
+
+
+def _run_compile_commands(commands: list[list[str]], cwd: Path) -> list[tuple[list[str], str]]:
+    """Run compiler commands side by side; return (command, output) of each one that failed."""
+    procs = [(cmd, subprocess.Popen(cmd, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+             for cmd in commands]
+    failures = []
+    for cmd, proc in procs:
+        output, _ = proc.communicate()
+        if proc.returncode != 0:
+            failures.append((cmd, f"$ {shlex.join(cmd)}\n{output}"))
+    return failures
+
+
+class CompiledOnlyExtension:
+    """What `load_inline` returns in compile-only mode: the sources compiled, but nothing is loadable here."""
+
+    def __init__(self, name: str, functions: list[str]):
+        self._name = name
+        self._functions = functions
+
+    def __getattr__(self, attr: str) -> Any:
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+
+        def not_loadable(*_args: Any, **_kwargs: Any) -> Any:
+            raise RuntimeError(f"extension {self._name!r} was compiled only (no CUDA torch here); {attr} cannot run")
+
+        return not_loadable
+
+
+@dataclass
+class BuildRecord:
+    """One extension build as seen by the interceptor (goes into the verdict)."""
+
+    name: str
+    key: str
+    cache_hit: bool
+    seconds: float
+    variant: str = ""
+    cuda_sources: list[str] = field(default_factory=list)
+    error: str = ""
+
+
+class BuildInterceptor:
+    """Replaces cpp_extension.load_inline/load for the candidate module executed in this (worker) process."""
+
+    def __init__(self, cache_dir: str | Path, *, mode: str, profile: str, arch: str | None,
+                 use_precompiled_header: bool = True):
+        if mode not in ("torch", "compile_only"):
+            raise ValueError(f"unknown build mode {mode!r}")
+        self.cache_dir = Path(cache_dir)
+        self.mode = mode
+        self.profile = profile
+        self.arch = arch
+        self.use_precompiled_header = use_precompiled_header
+        self.records: list[BuildRecord] = []
+        self._original_load_inline: Callable[..., Any] | None = None
+        self._original_load: Callable[..., Any] | None = None
+
+    # --- toolchain facts -------------------------------------------------------------------------------------
+    def toolchain(self) -> dict[str, str]:
+        import torch
+
+        return {"torch": torch.__version__, "cuda": str(torch.version.cuda), "arch": self.arch or "",
+                "mode": self.mode, "profile": self.profile, "python": sysconfig.get_python_version(),
+                "cxx": os.environ.get("CXX", "c++")}
+
+    def torch_include_dirs(self) -> list[str]:
+        import torch
+
+        root = Path(torch.__file__).parent / "include"
+        dirs = [str(root), str(root / "torch" / "csrc" / "api" / "include")]
+        cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
+        dirs.append(str(Path(cuda_home) / "include"))
+        dirs.append(sysconfig.get_path("include"))
+        return dirs
+
+    def cpu_wheel_shim_dirs(self) -> list[str]:
+        """The CPU wheel omits one CMake-generated CUDA header that c10/cuda headers include; supply it (its
+        content in CUDA builds is exactly this define) so compile-only builds can include c10/cuda and ATen/cuda."""
+        if (Path(self.torch_include_dirs()[0]) / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h").exists():
+            return []
+        shim = self.cache_dir / "cpu_wheel_shim"
+        header = shim / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
+        if not header.exists():
+            header.parent.mkdir(parents=True, exist_ok=True)
+            tmp = header.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text("#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+            tmp.replace(header)
+        return [str(shim)]
+
+    @staticmethod
+    def torch_cxx_standard() -> str:
+        """The -std torch passes to the C++ compiler (c++17 on older torch, c++20 on newer)."""
+        from torch.utils import cpp_extension
+
+        source = Path(cpp_extension.__file__).read_text()
+        match = re.search(r"'-fPIC', '-std=(c\+\+\d+)'", source)
+        return f"-std={match.group(1)}" if match else "-std=c++17"
+
+    def arch_flags(self) -> list[str]:
+        if not self.arch:
+            return []
+        code = self.arch.replace(".", "")
+        return [f"-gencode=arch=compute_{code},code=sm_{code}"]
+
+    # --- precompiled torch/extension.h ---------------------------------------------------------------------------
+    def ensure_precompiled_header(self, extra_cflags: list[str], *, wait: bool = False) -> list[str]:
+        """Flags that make g++ use a PCH of torch/extension.h built with these exact flags, or none.
+
+        Builds never wait for the PCH (`wait=False`): main.cpp compiles beside the CUDA file, which takes longer,
+        so the PCH saves CPU time under parallel load, not latency. verify_batch builds it once up front
+        (`wait=True`, the "pch" worker stage) while the first candidates build without it."""
+        if self.profile != "fast" or not self.use_precompiled_header:
+            return []
+        base_flags = ["-DTORCH_API_INCLUDE_EXTENSION_H", *[f for d in self.torch_include_dirs() for f in ("-isystem", d)],
+                      "-fPIC", self.torch_cxx_standard(), *extra_cflags]
+        compiler = os.environ.get("CXX", "c++")
+        digest = hashlib.sha256(json.dumps([compiler, base_flags, self.toolchain()]).encode()).hexdigest()[:16]
+        pch_dir = self.cache_dir / "pch" / digest
+        header = pch_dir / PCH_HEADER_NAME
+        gch = pch_dir / (PCH_HEADER_NAME + ".gch")
+        if gch.exists():
+            return ["-include", str(header)]
+        if not wait:
+            return []
+        with file_lock(pch_dir / ".lock"):
+            if not gch.exists():
+                header.write_text("#include <torch/extension.h>\n")
+                tmp = pch_dir / f"{gch.name}.{os.getpid()}.tmp"
+                cmd = [compiler, "-x", "c++-header", str(header), "-o", str(tmp), *base_flags]
+                result = subprocess.run(cmd, capture_output=True, text=True)
+                if result.returncode != 0:
+                    return []  # no PCH: the build still works, only slower
+                tmp.replace(gch)
+        return ["-include", str(header)]
+
+    # --- the interception ----------------------------------------------------------------------------------
+    def install(self) -> None:
+        from torch.utils import cpp_extension
+
+        self._original_load_inline = cpp_extension.load_inline
+        self._original_load = cpp_extension.load
+        cpp_extension.load_inline = self.load_inline
+        cpp_extension.load = self.load
+
+    def load_inline(self, name: str, cpp_sources: Any, cuda_sources: Any = None, **kwargs: Any) -> Any:
+        sources = ExtensionSources.from_load_inline(name, cpp_sources, cuda_sources, **kwargs)
+        key = build_key(sources, self.toolchain())
+        record = BuildRecord(name=sources.name, key=key, cache_hit=False, seconds=0.0, cuda_sources=sources.cuda_sources)
+        self.records.append(record)
+        start = time.perf_counter()
+        try:
+            if self.mode == "torch":
+                return self._build_with_torch(sources, key, record, kwargs)
+            return self._compile_only(sources, key, record)
+        except ExtensionCompileError as exc:
+            record.error = exc.log[-4000:] or str(exc)
+            raise
+        finally:
+            record.seconds = time.perf_counter() - start
+
+    def load(self, name: str, sources: Any, **kwargs: Any) -> Any:
+        """File-based `load`: the file contents join the key; the build is torch's (or compile-only)."""
+        paths = [sources] if isinstance(sources, str) else list(sources)
+        cuda = [Path(p).read_text() for p in paths if str(p).endswith((".cu", ".cuh"))]
+        cpp = [Path(p).read_text() for p in paths if not str(p).endswith((".cu", ".cuh"))]
+        normalised = ExtensionSources.from_load_inline(name, cpp, cuda, None, no_implicit_headers=True, **{
+            k: v for k, v in kwargs.items() if k in ("extra_cflags", "extra_cuda_cflags", "extra_ldflags",
+                                                     "extra_include_paths", "is_python_module")})
+        key = build_key(normalised, self.toolchain())
+        record = BuildRecord(name=str(name), key=key, cache_hit=False, seconds=0.0, cuda_sources=cuda)
+        self.records.append(record)
+        start = time.perf_counter()
+        try:
+            if self.mode == "compile_only":
+                return self._compile_only(normalised, key, record)
+            build_dir = self.cache_dir / key
+            build_dir.mkdir(parents=True, exist_ok=True)
+            kwargs.update(build_directory=str(build_dir), verbose=False)
+            with file_lock(build_dir / ".dice_lock"):
+                record.cache_hit = (build_dir / "BUILD_OK.json").exists()
+                module = self._original_load(f"{_safe_identifier(str(name))}_{key[:12]}", paths, **kwargs)
+                (build_dir / "BUILD_OK.json").write_text(json.dumps({"variant": "load"}))
+            return module
+        except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError/subprocess errors for build failures
+            record.error = str(exc)[-4000:]
+            raise ExtensionCompileError("extension failed to build", str(exc)) from exc
+        finally:
+            record.seconds = time.perf_counter() - start
+
+    def _variants(self, sources: ExtensionSources) -> list[tuple[str, list[str]]]:
+        """(variant name, CUDA sources) to try in order; the full source is always the last resort."""
+        trimmed = trim_cuda_headers(sources.cuda_sources) if self.profile == "fast" else None
+        return ([("trimmed", trimmed)] if trimmed is not None else []) + [("full", sources.cuda_sources)]
+
+    def _build_with_torch(self, sources: ExtensionSources, key: str, record: BuildRecord, kwargs: dict[str, Any]) -> Any:
+        from torch.utils.cpp_extension import _import_module_from_library
+
+        build_dir = self.cache_dir / key
+        marker = build_dir / "BUILD_OK.json"
+        with file_lock(build_dir / ".dice_lock"):
+            if marker.exists():
+                built = json.loads(marker.read_text())
+                record.cache_hit, record.variant = True, built["variant"]
+                return _import_module_from_library(built["module_name"], str(build_dir), sources.is_python_module)
+            pch_flags = self.ensure_precompiled_header(sources.extra_cflags)
+            errors = []
+            for variant, cuda_sources in self._variants(sources):
+                module_name = f"{_safe_identifier(sources.name)}_{key[:12]}_{variant}"
+                try:
+                    module = self._original_load_inline(
+                        name=module_name, cpp_sources=list(sources.cpp_sources), cuda_sources=list(cuda_sources) or None,
+                        functions=sources.functions, extra_cflags=sources.extra_cflags + pch_flags,
+                        extra_cuda_cflags=list(sources.extra_cuda_cflags), extra_ldflags=list(sources.extra_ldflags),
+                        extra_include_paths=list(sources.extra_include_paths), build_directory=str(build_dir),
+                        verbose=False, is_python_module=sources.is_python_module,
+                        with_pytorch_error_handling=sources.with_pytorch_error_handling,
+                        no_implicit_headers=sources.no_implicit_headers,
+                        **{k: v for k, v in kwargs.items() if k in ("with_cuda",)},
+                    )
+                except Exception as exc:  # noqa: BLE001 - torch reports build failures as RuntimeError et al.
+                    errors.append(f"[{variant}] {exc}")
+                    continue
+                marker.write_text(json.dumps({"module_name": module_name, "variant": variant}))
+                record.variant = variant
+                return module
+        raise ExtensionCompileError("extension failed to build", "\n".join(errors))
+
+    def _compile_only(self, sources: ExtensionSources, key: str, record: BuildRecord) -> CompiledOnlyExtension:
+        build_dir = self.cache_dir / key
+        marker = build_dir / "COMPILE_OK.json"
+        functions = list(sources.functions or {})
+        with file_lock(build_dir / ".dice_lock"):
+            if marker.exists():
+                record.cache_hit, record.variant = True, json.loads(marker.read_text())["variant"]
+                return CompiledOnlyExtension(sources.name, functions)
+            from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
+
+            include_flags = [f for d in sources.extra_include_paths for f in ("-I", d)] + [
+                f for d in self.torch_include_dirs() + self.cpu_wheel_shim_dirs() for f in ("-isystem", d)]
+            defines = [f"-DTORCH_EXTENSION_NAME={_safe_identifier(sources.name)}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
+            cxx_std = self.torch_cxx_standard()
+            main_cpp = build_dir / "main.cpp"
+            main_cpp.write_text(binding_source(sources))
+            cxx = [os.environ.get("CXX", "c++"), "-c", str(main_cpp), "-o", str(build_dir / "main.o"), *defines,
+                   *include_flags, "-fPIC", cxx_std, *sources.extra_cflags,
+                   *self.ensure_precompiled_header(sources.extra_cflags)]
+            errors = []
+            pending_cxx: list[list[str]] = [cxx]  # the binding file compiles once, beside the first CUDA variant
+            for variant, cuda_sources in self._variants(sources):
+                commands = list(pending_cxx)
+                if cuda_sources:
+                    cuda_cu = build_dir / f"cuda_{variant}.cu"
+                    cuda_cu.write_text(cuda_file_source(cuda_sources, sources.no_implicit_headers))
+                    commands.append(["nvcc", "-c", str(cuda_cu), "-o", str(build_dir / f"cuda_{variant}.o"), *defines,
+                                     *include_flags, *COMMON_NVCC_FLAGS, *self.arch_flags(),
+                                     "--compiler-options", "-fPIC", cxx_std, *sources.extra_cuda_cflags])
+                failures = _run_compile_commands(commands, build_dir)
+                pending_cxx = []
+                if not failures:
+                    marker.write_text(json.dumps({"variant": variant}))
+                    record.variant = variant
+                    return CompiledOnlyExtension(sources.name, functions)
+                errors.extend(f"[{variant}] {log}" for _, log in failures)
+                if any(cmd is cxx for cmd, _ in failures):
+                    break  # the binding file itself is broken: no CUDA variant can fix that
+        raise ExtensionCompileError("extension failed to compile", "\n".join(errors))
+

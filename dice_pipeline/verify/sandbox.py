@@ -1,0 +1,135 @@
+"""Run one untrusted worker process: own process group (killed whole on timeout), scrubbed environment, scratch
+working directory, host-memory cap, and no network where the OS lets us unshare it. Standard library only.
+
+Memory cap: RLIMIT_AS breaks CUDA (the driver reserves tens of GB of virtual address space up front, so any useful
+limit fails `cuInit`), and RLIMIT_RSS is not enforced by Linux. So the parent polls the resident set of every
+process in the worker's group (nvcc, cc1plus and ninja included) and kills the group past the cap.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# Only these variables reach a worker; everything else (tokens, keys, cloud credentials) stays behind.
+ENV_ALLOWLIST = (
+    "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "LD_LIBRARY_PATH",
+    "CC", "CXX", "NVCC_PREPEND_FLAGS", "NVCC_APPEND_FLAGS", "CCACHE_DIR", "CCACHE_BASEDIR",
+    "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "PYTHONHASHSEED",
+)
+SECRET_MARKERS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "API_KEY", "ACCESS_KEY", "PRIVATE")
+POLL_SECONDS = 0.2
+OUTPUT_TAIL_CHARS = 6000
+
+
+@dataclass
+class SandboxResult:
+    returncode: int | None
+    timed_out: bool
+    memory_exceeded: bool
+    wall_seconds: float
+    peak_rss_mb: float
+    output_tail: str
+    network_isolated: bool
+
+    @property
+    def killed_by_signal(self) -> int | None:
+        return -self.returncode if self.returncode is not None and self.returncode < 0 else None
+
+
+def scrubbed_environment(extra: dict[str, str] | None = None, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The allowlisted part of `base` (default os.environ) plus `extra`; nothing that looks like a secret."""
+    base = os.environ if base is None else base
+    env = {k: base[k] for k in ENV_ALLOWLIST if k in base}
+    env.update(extra or {})
+    return {k: v for k, v in env.items() if not any(marker in k.upper() for marker in SECRET_MARKERS)}
+
+
+@functools.lru_cache(maxsize=1)
+def network_isolation_prefix() -> tuple[str, ...]:
+    """`unshare -n` (root) or `unshare -rn` (user namespace) when either works here, else nothing."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        return ()
+    for prefix in ((unshare, "-n"), (unshare, "-rn")):
+        try:
+            if subprocess.run([*prefix, "true"], capture_output=True, timeout=10).returncode == 0:
+                return prefix
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+    return ()
+
+
+def _process_group_rss_mb(pgid: int) -> float:
+    """Resident memory of every process in a group, from /proc (pages -> MB)."""
+    page_mb = os.sysconf("SC_PAGE_SIZE") / 2**20
+    total = 0.0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()  # fields after "(comm)": state, ppid, pgrp, ..., rss at 21
+        if len(fields) > 21 and int(fields[2]) == pgid:
+            total += int(fields[21]) * page_mb
+    return total
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_isolated(argv: list[str], *, cwd: str | Path, env: dict[str, str], timeout_s: float,
+                 memory_cap_mb: int | None = None, isolate_network: bool = True,
+                 log_name: str = "worker.log") -> SandboxResult:
+    """Run `argv` in its own session and wait; stdout and stderr go to `cwd/log_name`, whose tail is returned."""
+    prefix = network_isolation_prefix() if isolate_network else ()
+    log_path = Path(cwd) / log_name
+    start = time.monotonic()
+    peak_rss = 0.0
+    timed_out = memory_exceeded = False
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen([*prefix, *argv], cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        stop = threading.Event()
+
+        def watch_memory() -> None:
+            nonlocal peak_rss, memory_exceeded
+            while not stop.wait(POLL_SECONDS):
+                rss = _process_group_rss_mb(proc.pid)
+                peak_rss = max(peak_rss, rss)
+                if memory_cap_mb is not None and rss > memory_cap_mb:
+                    memory_exceeded = True
+                    _kill_group(proc.pid)
+                    return
+
+        watcher = threading.Thread(target=watch_memory, daemon=True)
+        watcher.start()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            # Kill the whole group even on a clean exit: a worker must leave no grandchildren behind.
+            _kill_group(proc.pid)
+            proc.wait()
+            stop.set()
+            watcher.join()
+    output = log_path.read_bytes()[-OUTPUT_TAIL_CHARS:].decode("utf-8", "replace")
+    return SandboxResult(
+        returncode=proc.returncode, timed_out=timed_out, memory_exceeded=memory_exceeded,
+        wall_seconds=time.monotonic() - start, peak_rss_mb=peak_rss, output_tail=output,
+        network_isolated=bool(prefix),
+    )

@@ -1,0 +1,400 @@
+"""Static (AST + source-text) checks on a candidate `ModelNew` file: the deceptive-kernel patterns of NOTES.md
+section 3 that can be recognised without running anything. Never executes or imports the candidate.
+
+Policy (each finding is a `Reason` with stage "static"; `deceptive` findings reject the candidate):
+- `torch_only_forward` (deceptive): ModelNew's forward path calls PyTorch compute ops and no extension function.
+- `torch_op_on_forward_path`: PyTorch compute ops next to extension calls. KernelBench allows this (a fused custom
+  epilogue after a cuDNN conv is a common, honest pattern), so it is a flag unless the config forbids it; the
+  runtime profiler then reports how much GPU time the candidate's own kernels took.
+- `no_cuda_extension` (deceptive): no `load_inline`/`load` call at all, so no custom kernel can run.
+- `inherits_reference` / `reference_access` (deceptive): `ModelNew(Model)` or any use of `Model` inside ModelNew.
+- `try_except_fallback` (deceptive): a `try` whose handler does anything but re-raise, or `contextlib.suppress`;
+  a kernel file has no honest need to swallow errors, and every such block seen in the wild was a fallback.
+- `side_stream`, `thread_spawn` (deceptive): new CUDA streams or threads (Python or C++) escape the timer.
+- `monkeypatch`, `global_flag_flip` (deceptive): assigning to attributes of imported modules (timers, allclose),
+  or flipping TF32/cuDNN/precision flags (Python or C++), which slows the baseline or fakes the check.
+- `frame_or_gc_access` (deceptive): `gc`, frames, `sys.modules`, `ctypes`: ways to reach the reference's output.
+- `dynamic_code` (deceptive): `__import__`, `eval`, `exec`, `compile`: code these checks cannot read.
+- `tensor_subclass` (deceptive): `__torch_function__`/`__torch_dispatch__`/Tensor subclasses (lazy outputs).
+- `precision_downgrade` (deceptive): fp16/bf16/TF32 arithmetic in a candidate whose reference is fp32-only.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, field
+
+from dice_pipeline.verify.verdict import Reason, Status
+
+# torch calls that allocate, reshape or describe tensors without computing on their values.
+NON_COMPUTE_TORCH_CALLS = frozenset(
+    {
+        "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
+        "tensor", "as_tensor", "from_numpy", "arange", "device", "dtype", "Size", "is_tensor", "numel",
+        "manual_seed", "no_grad", "inference_mode", "current_device", "current_stream", "get_device",
+        "is_available", "synchronize", "Parameter", "Module", "ModuleList", "ModuleDict", "ParameterList",
+        "ParameterDict", "Identity", "view_as_real", "view_as_complex", "broadcast_shapes", "result_type",
+        "promote_types", "finfo", "iinfo", "Generator", "device_count", "get_device_properties",
+        "get_default_dtype", "is_floating_point", "is_complex", "randn", "rand", "randint", "normal",
+    }
+)
+# Tensor methods that compute on values (a receiver not known to be an extension calling one of these is compute).
+TENSOR_COMPUTE_METHODS = frozenset(
+    {
+        "matmul", "mm", "bmm", "addmm", "baddbmm", "einsum", "sum", "mean", "var", "std", "prod", "cumsum",
+        "softmax", "log_softmax", "relu", "relu_", "sigmoid", "tanh", "exp", "log", "max", "min", "amax", "amin",
+        "norm", "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "pow", "sqrt", "rsqrt", "clamp",
+        "clamp_", "clip", "abs", "neg", "argmax", "argmin", "topk", "sort", "gelu", "silu", "erf", "masked_fill",
+        "masked_fill_", "where", "logsumexp", "square", "reciprocal", "tril", "triu", "conv2d", "linear",
+        "addcmul", "lerp", "cumprod", "sign", "floor", "ceil", "round", "fmod", "remainder", "dot", "outer",
+    }
+)
+# torch.ops namespaces that are PyTorch's own kernels, not a candidate's registered custom op.
+BUILTIN_OP_NAMESPACES = ("torch.ops.aten.", "torch.ops.prims.", "torch.ops.quantized.", "torch.ops.higher_order.")
+EXTENSION_LOADERS = frozenset({"load_inline", "load"})
+CPP_EXTENSION_MODULE = "torch.utils.cpp_extension"
+THREAD_MODULES = frozenset({"threading", "_thread", "concurrent", "multiprocessing", "asyncio"})
+INTROSPECTION_MODULES = frozenset({"gc", "inspect", "ctypes", "importlib", "builtins", "dice_pipeline"})
+GLOBAL_FLAG_CALLS = frozenset(
+    {
+        "torch.set_float32_matmul_precision", "torch.set_default_dtype", "torch.set_default_tensor_type",
+        "torch.use_deterministic_algorithms", "torch.set_flush_denormal", "torch.backends.cudnn.flags",
+        "torch.backends.cuda.sdp_kernel", "torch.backends.cuda.enable_flash_sdp",
+        "torch.backends.cuda.enable_math_sdp", "torch.backends.cuda.enable_mem_efficient_sdp",
+    }
+)
+STREAM_ATTRS = frozenset({"Stream", "stream", "ExternalStream", "set_stream", "StreamContext"})
+HALF_DTYPE_ATTRS = frozenset({"float16", "half", "bfloat16"})
+HALF_CAST_METHODS = frozenset({"half", "bfloat16"})
+
+CUDA_TEXT_PATTERNS: list[tuple[str, re.Pattern[str], str]] = [
+    ("side_stream", re.compile(r"cudaStreamCreate\w*|getStreamFromPool|cudaStreamNonBlocking"),
+     "creates a CUDA stream; work on a side stream escapes the timer"),
+    ("thread_spawn", re.compile(r"std::j?thread\b|std::async\b|pthread_create|#\s*include\s*<thread>"),
+     "spawns a host thread from C++"),
+    ("global_flag_flip", re.compile(r"cublasSetMathMode|setAllowTF32\w*|setBenchmarkCuDNN|setFloat32MatmulPrecision"
+                                    r"|setAllowFP16ReductionCuBLAS|setAllowBF16ReductionCuBLAS"),
+     "changes a global math/cuDNN setting from C++"),
+]
+HALF_TEXT_PATTERN = re.compile(
+    r"\b__half2?\b|\bhalf2\b|__nv_bfloat16|\bnv_bfloat16\b|__float2half|__float2bfloat16|__float_to_tf32"
+    r"|precision::tf32|\.tf32\b|\bkHalf\b|\bkBFloat16\b|\bkFloat16\b"
+)
+REFERENCE_HALF_PATTERN = re.compile(r"float16|bfloat16|\.half\(\)|torch\.half\b|__half|kHalf|kBFloat16")
+GLOBAL_KERNEL_PATTERN = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?[^;{(]*?\b(\w+)\s*\(")
+
+
+@dataclass
+class StaticReport:
+    """What the static pass found. `status` is None when nothing rejects the candidate."""
+
+    reasons: list[Reason] = field(default_factory=list)
+    flags: list[str] = field(default_factory=list)
+    status: Status | None = None
+    extension_calls_on_forward: int = 0
+    torch_ops_on_forward: list[str] = field(default_factory=list)
+    kernel_names: list[str] = field(default_factory=list)  # __global__ functions in the candidate's strings
+
+    def reject(self, status: Status, code: str, message: str) -> None:
+        self.reasons.append(Reason(code=code, message=message, stage="static"))
+        # compile_error (cannot even parse) outranks deceptive: nothing else can be said about such a file.
+        if self.status is None or status == Status.COMPILE_ERROR:
+            self.status = status
+
+
+def cuda_kernel_names(source_text: str) -> list[str]:
+    """Names of `__global__` functions declared in CUDA source text, in order, without duplicates."""
+    return list(dict.fromkeys(GLOBAL_KERNEL_PATTERN.findall(source_text)))
+
+
+def _dotted(node: ast.AST) -> str | None:
+    """`a.b.c` for an attribute chain rooted at a name, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return None
+
+
+class _ModuleFacts(ast.NodeVisitor):
+    """Imports, aliases and extension handles of the candidate module."""
+
+    def __init__(self) -> None:
+        self.aliases: dict[str, str] = {}  # local name -> dotted module or object path
+        self.imported_roots: set[str] = set()
+        self.extension_names: set[str] = set()  # names bound to a load_inline/load result (or attributes of one)
+        self.loader_calls = 0
+        self.functions: dict[str, ast.FunctionDef] = {}
+        self.classes: dict[str, ast.ClassDef] = {}
+
+    def resolve(self, node: ast.AST) -> str | None:
+        dotted = _dotted(node)
+        if dotted is None:
+            return None
+        head, _, rest = dotted.partition(".")
+        if head in self.aliases:
+            return self.aliases[head] + ("." + rest if rest else "")
+        return dotted
+
+    def visit_Import(self, node: ast.Import) -> None:
+        for alias in node.names:
+            self.aliases[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
+            self.imported_roots.add(alias.name.split(".")[0])
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        module = node.module or ""
+        self.imported_roots.add(module.split(".")[0])
+        for alias in node.names:
+            self.aliases[alias.asname or alias.name] = f"{module}.{alias.name}" if module else alias.name
+
+    def is_loader_call(self, node: ast.AST) -> bool:
+        if not isinstance(node, ast.Call):
+            return False
+        target = self.resolve(node.func) or ""
+        return target.rsplit(".", 1)[-1] in EXTENSION_LOADERS and (
+            target.startswith(CPP_EXTENSION_MODULE) or target in EXTENSION_LOADERS
+        )
+
+    def visit_Call(self, node: ast.Call) -> None:
+        if self.is_loader_call(node):
+            self.loader_calls += 1
+        self.generic_visit(node)
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        value_root = _dotted(node.value.func if isinstance(node.value, ast.Call) else node.value) or ""
+        binds_extension = self.is_loader_call(node.value) or value_root.split(".")[0] in self.extension_names
+        for target in node.targets:
+            if binds_extension and isinstance(target, ast.Name):
+                self.extension_names.add(target.id)
+        self.generic_visit(node)
+
+    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
+        self.functions.setdefault(node.name, node)
+        self.generic_visit(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
+
+    def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        self.classes[node.name] = node
+        self.generic_visit(node)
+
+
+def _self_attribute_kinds(cls: ast.ClassDef, facts: _ModuleFacts) -> tuple[set[str], set[str]]:
+    """Attributes of `self` bound to an extension handle, and to a torch.nn module (compute when called)."""
+    extension_attrs: set[str] = set()
+    torch_module_attrs: set[str] = set()
+    for node in ast.walk(cls):
+        if not isinstance(node, ast.Assign):
+            continue
+        for target in node.targets:
+            if not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"):
+                continue
+            value = node.value
+            root = _dotted(value.func if isinstance(value, ast.Call) else value) or ""
+            if facts.is_loader_call(value) or root.split(".")[0] in facts.extension_names:
+                extension_attrs.add(target.attr)
+            elif isinstance(value, ast.Call):
+                resolved = facts.resolve(value.func) or ""
+                leaf = resolved.rsplit(".", 1)[-1]
+                if resolved.startswith("torch.nn.") and leaf not in NON_COMPUTE_TORCH_CALLS:
+                    torch_module_attrs.add(target.attr)
+    return extension_attrs, torch_module_attrs
+
+
+def _forward_path(cls: ast.ClassDef, facts: _ModuleFacts) -> list[ast.FunctionDef]:
+    """`forward` plus the methods and module-level functions it reaches by direct calls."""
+    methods = {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    if "forward" not in methods:
+        return []
+    reached: dict[int, ast.FunctionDef] = {}
+    pending = [methods["forward"]]
+    while pending:
+        func = pending.pop()
+        if id(func) in reached:
+            continue
+        reached[id(func)] = func
+        for node in ast.walk(func):
+            if not isinstance(node, ast.Call):
+                continue
+            if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
+                    and node.func.value.id == "self" and node.func.attr in methods:
+                pending.append(methods[node.func.attr])
+            elif isinstance(node.func, ast.Name) and node.func.id in facts.functions:
+                pending.append(facts.functions[node.func.id])
+    return list(reached.values())
+
+
+def _classify_forward_calls(funcs: list[ast.FunctionDef], facts: _ModuleFacts, extension_attrs: set[str],
+                            torch_module_attrs: set[str]) -> tuple[int, list[str]]:
+    """Count extension calls and list PyTorch compute ops on the forward path."""
+    extension_calls = 0
+    torch_ops: list[str] = []
+    for func in funcs:
+        for node in ast.walk(func):
+            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
+                torch_ops.append("@")
+            if not isinstance(node, ast.Call):
+                continue
+            dotted = _dotted(node.func) or ""
+            parts = dotted.split(".")
+            resolved = facts.resolve(node.func) or ""
+            builtin_op = resolved.startswith(BUILTIN_OP_NAMESPACES)
+            if parts[0] in facts.extension_names or (parts[0] == "self" and len(parts) > 2 and parts[1] in extension_attrs) \
+                    or (resolved.startswith("torch.ops.") and not builtin_op):
+                extension_calls += 1
+            elif parts[0] == "self" and len(parts) == 2 and parts[1] in torch_module_attrs:
+                torch_ops.append(f"self.{parts[1]} (torch.nn module)")
+            elif builtin_op or (resolved.startswith("torch.") and parts[-1] not in NON_COMPUTE_TORCH_CALLS
+                                and not resolved.startswith(("torch.cuda.", "torch.ops."))):
+                torch_ops.append(resolved)
+            elif isinstance(node.func, ast.Attribute) and node.func.attr in TENSOR_COMPUTE_METHODS \
+                    and not resolved.startswith("torch."):
+                torch_ops.append(f".{node.func.attr}()")
+    return extension_calls, torch_ops
+
+
+def _string_constants(tree: ast.AST) -> str:
+    """Every string literal of the module joined: the CUDA/C++ sources live there."""
+    return "\n".join(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str))
+
+
+def _check_model_new(report: StaticReport, tree: ast.Module, facts: _ModuleFacts, forbid_torch: bool) -> None:
+    cls = facts.classes.get("ModelNew")
+    if cls is None:
+        report.reject(Status.COMPILE_ERROR, "missing_model_new", "the candidate defines no class ModelNew")
+        return
+    base_names = {(_dotted(b) or "").rsplit(".", 1)[-1] for b in cls.bases}
+    if "Model" in base_names:
+        report.reject(Status.DECEPTIVE, "inherits_reference", "ModelNew subclasses the reference Model")
+    if any(isinstance(n, ast.Name) and n.id == "Model" for n in ast.walk(cls)):
+        report.reject(Status.DECEPTIVE, "reference_access", "ModelNew refers to the reference class Model")
+    extension_attrs, torch_module_attrs = _self_attribute_kinds(cls, facts)
+    forward_funcs = _forward_path(cls, facts)
+    if not forward_funcs:
+        if "Model" not in base_names:
+            report.reject(Status.COMPILE_ERROR, "missing_forward", "ModelNew defines no forward method")
+        return
+    report.extension_calls_on_forward, report.torch_ops_on_forward = _classify_forward_calls(
+        forward_funcs, facts, extension_attrs, torch_module_attrs
+    )
+    ops = sorted(set(report.torch_ops_on_forward))
+    if report.torch_ops_on_forward and report.extension_calls_on_forward == 0:
+        report.reject(Status.DECEPTIVE, "torch_only_forward",
+                      f"forward path calls PyTorch compute ops ({', '.join(ops)}) and no extension function")
+    elif report.torch_ops_on_forward:
+        if forbid_torch:
+            report.reject(Status.DECEPTIVE, "torch_op_on_forward_path",
+                          f"PyTorch compute ops on the forward path: {', '.join(ops)}")
+        else:
+            report.flags.append("torch_ops_on_forward_path")
+
+
+def _check_statements(report: StaticReport, tree: ast.Module, facts: _ModuleFacts, reference_is_fp32: bool) -> None:
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
+            reraise_only = all(h.body and isinstance(h.body[-1], ast.Raise) and len(h.body) == 1 for h in node.handlers)
+            if node.handlers and not reraise_only:
+                report.reject(Status.DECEPTIVE, "try_except_fallback",
+                              f"line {node.lineno}: try/except that does not re-raise (a fallback path)")
+        elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
+            targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else [node.target]
+            for target in targets:
+                _check_assignment_target(report, target, facts)
+        elif isinstance(node, ast.Call):
+            _check_call(report, node, facts, reference_is_fp32)
+        elif isinstance(node, ast.Attribute):
+            if node.attr in ("__globals__", "f_back", "f_locals", "f_globals", "_getframe", "__subclasses__"):
+                report.reject(Status.DECEPTIVE, "frame_or_gc_access", f"line {node.lineno}: accesses .{node.attr}")
+            resolved = facts.resolve(node) or ""
+            if resolved in ("sys.modules",):
+                report.reject(Status.DECEPTIVE, "frame_or_gc_access", f"line {node.lineno}: reads sys.modules")
+            if reference_is_fp32 and resolved.startswith("torch.") and resolved.rsplit(".", 1)[-1] in HALF_DTYPE_ATTRS:
+                report.reject(Status.DECEPTIVE, "precision_downgrade",
+                              f"line {node.lineno}: uses {resolved} in an fp32 task")
+        elif isinstance(node, ast.FunctionDef) and node.name in ("__torch_function__", "__torch_dispatch__"):
+            report.reject(Status.DECEPTIVE, "tensor_subclass", f"defines {node.name} (a tensor subclass/lazy output)")
+        elif isinstance(node, ast.ClassDef):
+            if any((facts.resolve(b) or "") in ("torch.Tensor", "torch._C.TensorBase") for b in node.bases):
+                report.reject(Status.DECEPTIVE, "tensor_subclass", f"class {node.name} subclasses torch.Tensor")
+
+
+def _check_assignment_target(report: StaticReport, target: ast.AST, facts: _ModuleFacts) -> None:
+    if isinstance(target, ast.Subscript) and facts.resolve(target.value) == "os.environ":
+        return  # setting build variables (TORCH_CUDA_ARCH_LIST, ...) for this process is not patching a module
+    for sub in ast.walk(target):
+        if not isinstance(sub, ast.Attribute):
+            continue
+        resolved = facts.resolve(sub) or ""
+        root = (_dotted(sub) or "").split(".")[0]
+        if resolved.startswith("torch.backends."):
+            report.reject(Status.DECEPTIVE, "global_flag_flip", f"line {sub.lineno}: sets {resolved}")
+        elif root and root in facts.aliases and root not in facts.extension_names:
+            report.reject(Status.DECEPTIVE, "monkeypatch", f"line {sub.lineno}: assigns to {resolved} of an imported module")
+        break  # only the outermost attribute of the target is being assigned
+
+
+def _check_call(report: StaticReport, node: ast.Call, facts: _ModuleFacts, reference_is_fp32: bool) -> None:
+    resolved = facts.resolve(node.func) or ""
+    leaf = resolved.rsplit(".", 1)[-1]
+    if resolved in GLOBAL_FLAG_CALLS:
+        report.reject(Status.DECEPTIVE, "global_flag_flip", f"line {node.lineno}: calls {resolved}")
+    elif resolved.startswith("torch.cuda.") and leaf in STREAM_ATTRS:
+        report.reject(Status.DECEPTIVE, "side_stream", f"line {node.lineno}: calls {resolved}")
+    elif resolved in ("setattr", "delattr", "builtins.setattr") and node.args:
+        owner = (_dotted(node.args[0]) or "").split(".")[0]
+        if owner in facts.aliases:
+            report.reject(Status.DECEPTIVE, "monkeypatch", f"line {node.lineno}: setattr on imported module {owner}")
+    elif resolved in ("__import__", "eval", "exec", "compile", "builtins.__import__"):
+        report.reject(Status.DECEPTIVE, "dynamic_code", f"line {node.lineno}: {resolved}() hides code from these checks")
+    elif resolved in ("contextlib.suppress", "suppress"):
+        report.reject(Status.DECEPTIVE, "try_except_fallback", f"line {node.lineno}: contextlib.suppress swallows errors")
+    elif resolved in ("torch.Tensor._make_subclass", "torch.Tensor._make_wrapper_subclass"):
+        report.reject(Status.DECEPTIVE, "tensor_subclass", f"line {node.lineno}: builds a tensor subclass")
+    if reference_is_fp32 and isinstance(node.func, ast.Attribute) and node.func.attr in HALF_CAST_METHODS \
+            and not node.args and not resolved.startswith("torch."):
+        report.reject(Status.DECEPTIVE, "precision_downgrade", f"line {node.lineno}: .{node.func.attr}() in an fp32 task")
+
+
+def _check_imports(report: StaticReport, facts: _ModuleFacts) -> None:
+    for root in sorted(facts.imported_roots & THREAD_MODULES):
+        report.reject(Status.DECEPTIVE, "thread_spawn", f"imports {root}: work on another thread escapes the timer")
+    for root in sorted(facts.imported_roots & INTROSPECTION_MODULES):
+        report.reject(Status.DECEPTIVE, "frame_or_gc_access", f"imports {root}: a way to reach harness objects")
+
+
+def _check_cuda_text(report: StaticReport, text: str, reference_is_fp32: bool) -> None:
+    for code, pattern, message in CUDA_TEXT_PATTERNS:
+        match = pattern.search(text)
+        if match:
+            report.reject(Status.DECEPTIVE, code, f"{message} ({match.group(0)!r})")
+    if reference_is_fp32:
+        match = HALF_TEXT_PATTERN.search(text)
+        if match:
+            report.reject(Status.DECEPTIVE, "precision_downgrade",
+                          f"CUDA source computes in reduced precision ({match.group(0)!r}) for an fp32 task")
+
+
+def check_candidate_source(reference_src: str, candidate_src: str, *, forbid_torch_compute_on_forward: bool = False) -> StaticReport:
+    """Run every static check on a candidate; the reference is read only to learn its dtypes."""
+    report = StaticReport()
+    try:
+        tree = ast.parse(candidate_src)
+    except SyntaxError as exc:
+        report.reject(Status.COMPILE_ERROR, "syntax_error", f"candidate does not parse: {exc.msg} (line {exc.lineno})")
+        return report
+    facts = _ModuleFacts()
+    facts.visit(tree)
+    reference_is_fp32 = not REFERENCE_HALF_PATTERN.search(reference_src)
+    cuda_text = _string_constants(tree)
+    report.kernel_names = cuda_kernel_names(cuda_text)
+    if facts.loader_calls == 0:
+        report.reject(Status.DECEPTIVE, "no_cuda_extension", "no load_inline/load call: no custom kernel can run")
+    _check_model_new(report, tree, facts, forbid_torch_compute_on_forward)
+    _check_statements(report, tree, facts, reference_is_fp32)
+    _check_imports(report, facts)
+    _check_cuda_text(report, cuda_text, reference_is_fp32)
+    return report

@@ -1,0 +1,157 @@
+"""Entry point of the isolated worker process: `python -m dice_pipeline.verify.worker REQUEST.json`.
+
+Stage "pch" precompiles torch/extension.h into the build cache (once per toolchain); stage "build" imports the candidate with load_inline intercepted (cached build, or compile-only where torch has no
+CUDA); stage "run" imports reference and candidate (builds now hit the cache) and judges on the visible GPU. The
+result is written as JSON to the request's `result_path`; a crash leaves no result, which the parent reports.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from dice_pipeline.verify.build_cache import BuildInterceptor, ExtensionCompileError
+from dice_pipeline.verify.config import VerifyConfig
+from dice_pipeline.verify.static_checks import cuda_kernel_names
+
+
+def _import_source(name: str, source: str, directory: Path) -> Any:
+    path = directory / f"{name}.py"
+    path.write_text(source)
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _network_isolated() -> bool:
+    return all(name == "lo" for _, name in socket.if_nameindex())
+
+
+def _build_summary(interceptor: BuildInterceptor) -> dict[str, Any]:
+    return {
+        "compile_seconds": sum(r.seconds for r in interceptor.records),
+        "build_cache_hit": all(r.cache_hit for r in interceptor.records) if interceptor.records else None,
+        "builds": [{"name": r.name, "key": r.key[:16], "cache_hit": r.cache_hit, "seconds": round(r.seconds, 3),
+                    "variant": r.variant} for r in interceptor.records],
+    }
+
+
+def _compile_failure(interceptor: BuildInterceptor, exc: BaseException) -> dict[str, Any]:
+    log = exc.log if isinstance(exc, ExtensionCompileError) else "".join(traceback.format_exception(exc))
+    return {"status": "compile_error", "reason": {"code": "build_failed" if isinstance(exc, ExtensionCompileError)
+                                                   else "import_failed", "message": log[-4000:], "stage": "compile"},
+            **_build_summary(interceptor)}
+
+
+def run_build_stage(request: dict[str, Any], interceptor: BuildInterceptor, scratch: Path) -> dict[str, Any]:
+    try:
+        _import_source("candidate_module", request["candidate_src"], scratch)
+    except BaseException as exc:  # noqa: BLE001 - anything the candidate's module code raises is its failure
+        return _compile_failure(interceptor, exc)
+    if not interceptor.records:
+        return {"status": "ok", "note": "candidate built no extension", **_build_summary(interceptor)}
+    return {"status": "ok", **_build_summary(interceptor)}
+
+
+def _warm_up_lazy_torch_state() -> None:
+    """Run the profiler once on a trivial op before the guard snapshot: its first use imports torch._dynamo,
+    which rebinds functions such as torch.manual_seed, and initialises CUPTI. Candidate code must not be blamed."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
+        (torch.ones(1, device="cuda") + 1).sum().item()
+
+
+def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scratch: Path) -> dict[str, Any]:
+    import torch
+
+    from dice_pipeline.verify.harness import CandidateJudge, RuntimeGuard
+
+    config = VerifyConfig.from_dict(request["config"])
+    if not torch.cuda.is_available():
+        return {"status": "runtime_error", "reason": {"code": "no_gpu_in_worker", "stage": "correctness",
+                                                      "message": "the run stage found no CUDA device"}}
+    if config.gpu_memory_fraction:
+        torch.cuda.set_per_process_memory_fraction(config.gpu_memory_fraction)
+    torch.cuda.init()
+    _warm_up_lazy_torch_state()
+    guard = RuntimeGuard()  # before any task code is imported
+    try:
+        reference = _import_source("reference_module", request["reference_src"], scratch)
+    except BaseException as exc:  # noqa: BLE001
+        return {"status": "runtime_error", "reason": {"code": "reference_import_failed", "stage": "correctness",
+                                                      "message": "".join(traceback.format_exception(exc))[-3000:]}}
+    try:
+        candidate = _import_source("candidate_module", request["candidate_src"], scratch)
+    except BaseException as exc:  # noqa: BLE001
+        return _compile_failure(interceptor, exc)
+    kernel_names = list(dict.fromkeys(
+        name for record in interceptor.records for name in cuda_kernel_names("\n".join(record.cuda_sources))))
+    judge = CandidateJudge(reference, candidate, config, guard, kernel_names + request.get("static_kernel_names", []))
+    from dice_pipeline.verify.harness import Rejection
+
+    try:
+        guard.check("while importing the candidate")
+    except Rejection as rejection:
+        judge.judgement.status, judge.judgement.reasons = rejection.status, [rejection.reason]
+    else:
+        judge.run(with_timing=request.get("with_timing", True))
+    j = judge.judgement
+    result = {"status": j.status.value, "reasons": [r.__dict__ for r in j.reasons], "flags": j.flags, **j.fields,
+              **_build_summary(interceptor)}
+    for key in ("reference_timing", "candidate_timing"):
+        if result.get(key) is not None:
+            result[key] = result[key].__dict__
+    props = torch.cuda.get_device_properties(0)
+    result.setdefault("provenance", {}).update(
+        gpu=props.name, compute_capability=f"{props.major}.{props.minor}", torch=torch.__version__,
+        cuda=torch.version.cuda,
+        timing_method=(f"CUDA events on the current stream, L2 flushed ({config.l2_flush_mb} MB) before each call, "
+                       f"{config.warmup_seconds:g} s warm-up, {config.timing_samples} interleaved reference/candidate "
+                       f"samples on fresh inputs, median"))
+    return result
+
+
+def main(argv: list[str]) -> int:
+    request = json.loads(Path(argv[0]).read_text())
+    scratch = Path.cwd()
+    arch = request.get("arch") or None
+    if arch:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = arch
+    import torch
+
+    mode = "torch" if torch.version.cuda is not None else "compile_only"
+    interceptor = BuildInterceptor(request["cache_dir"], mode=mode, profile=request["build_profile"], arch=arch,
+                                   use_precompiled_header=request["config"].get("use_precompiled_header", True))
+    interceptor.install()
+    started = time.time()
+    if request["stage"] == "build":
+        result = run_build_stage(request, interceptor, scratch)
+    elif request["stage"] == "pch":
+        result = {"status": "ok", "pch_flags": interceptor.ensure_precompiled_header([], wait=True)}
+    elif request["stage"] == "run":
+        result = run_judge_stage(request, interceptor, scratch)
+    else:
+        raise ValueError(f"unknown stage {request['stage']!r}")
+    result["build_mode"] = mode
+    result["worker_seconds"] = time.time() - started
+    result["network_isolated"] = _network_isolated()
+    tmp = Path(request["result_path"] + ".tmp")
+    tmp.write_text(json.dumps(result, default=str))
+    tmp.replace(request["result_path"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

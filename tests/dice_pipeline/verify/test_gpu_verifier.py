@@ -1,0 +1,63 @@
+"""GPU tests of the verifier (run on the GPU host): the runtime adversarial suite, a crashing kernel followed by an
+honest one in the same batch, and timing repeatability. Skipped where no CUDA GPU is present."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+
+import pytest
+from verify_cases import HONEST, REFERENCE, RUNTIME_CASES
+
+from dice_pipeline.verify import Status, VerifyConfig, VerifyJob, verify_batch
+
+pytestmark = pytest.mark.gpu
+CACHE_DIR = os.environ.get("DICE_VERIFY_CACHE") or os.path.join(tempfile.gettempdir(), "dice_verify_test_cache")
+
+
+def _config(**overrides) -> VerifyConfig:
+    return VerifyConfig(build_cache_dir=CACHE_DIR, **overrides)
+
+
+@pytest.fixture(scope="module")
+def suite_verdicts():
+    jobs = [VerifyJob(c.name, c.reference, c.source) for c in RUNTIME_CASES]
+    return dict(zip([c.name for c in RUNTIME_CASES], verify_batch(jobs, _config())))
+
+
+@pytest.mark.parametrize("case", RUNTIME_CASES, ids=lambda c: c.name)
+def test_runtime_case_gets_expected_verdict(case, suite_verdicts):
+    verdict = suite_verdicts[case.name]
+    print(case.name, verdict.summary())
+    assert verdict.status.value in (case.status, *case.other_statuses), verdict.to_json()
+    if case.codes:
+        assert set(case.codes) & set(verdict.reason_codes()), verdict.to_json()
+    assert set(case.flags) <= set(verdict.flags), verdict.flags
+    assert verdict.provenance["gpu"] and verdict.provenance["verifier_version"]
+
+
+def test_honest_verdict_has_timing_and_provenance(suite_verdicts):
+    verdict = suite_verdicts["honest"]
+    assert verdict.reference_timing.n >= 100 and verdict.candidate_timing.n >= 100
+    assert verdict.speedup and verdict.speedup > 0
+    assert verdict.custom_kernel_time_share and verdict.custom_kernel_time_share > 0.5
+    assert verdict.correct_at_1e2 and verdict.correct_at_1e4
+    for key in ("gpu", "driver", "torch", "cuda", "time", "timing_method"):
+        assert verdict.provenance.get(key), key
+
+
+def test_crash_then_honest_kernel_in_same_batch():
+    crash = next(c for c in RUNTIME_CASES if c.name == "illegal_memory_access")
+    # One build slot: the crashing candidate reaches the GPU first, the honest one runs after it.
+    verdicts = verify_batch([VerifyJob("crash", REFERENCE, crash.source), VerifyJob("honest", REFERENCE, HONEST)],
+                            _config(max_parallel_builds=1))
+    assert verdicts[0].status == Status.RUNTIME_ERROR
+    assert verdicts[1].status == Status.CORRECT, verdicts[1].to_json()
+
+
+def test_same_candidate_three_times_gives_speedups_within_3_percent():
+    verdicts = verify_batch([VerifyJob(f"run{i}", REFERENCE, HONEST) for i in range(3)], _config(max_parallel_builds=1))
+    speedups = [v.speedup for v in verdicts]
+    print("speedups", speedups)
+    assert all(v.status == Status.CORRECT for v in verdicts)
+    assert (max(speedups) - min(speedups)) / min(speedups) <= 0.03, speedups

@@ -1,0 +1,73 @@
+"""Static deceptive-kernel checks: every static pattern class is rejected with its reason code, honest code is not."""
+
+from __future__ import annotations
+
+import pytest
+from verify_cases import HONEST, REFERENCE, RUNTIME_CASES, STATIC_CASES, candidate
+
+from dice_pipeline.verify import Status, check_candidate_source
+
+
+@pytest.mark.parametrize("case", STATIC_CASES, ids=lambda c: c.name)
+def test_static_case_gets_expected_verdict(case):
+    report = check_candidate_source(case.reference, case.source)
+    codes = [r.code for r in report.reasons]
+    assert report.status is not None and report.status.value == case.status, codes
+    assert set(case.codes) & set(codes), codes
+    assert all(r.stage == "static" and r.message for r in report.reasons)
+
+
+def test_honest_candidate_passes_static_checks_and_lists_its_kernels():
+    report = check_candidate_source(REFERENCE, HONEST)
+    assert report.status is None and report.reasons == []
+    assert report.extension_calls_on_forward == 1
+    assert report.kernel_names == ["relu2_kernel"]
+
+
+@pytest.mark.parametrize("case", [c for c in RUNTIME_CASES if c.name != "runtime_timer_patch"], ids=lambda c: c.name)
+def test_runtime_cases_are_not_rejected_statically(case):
+    # These patterns need the GPU checks; a static rejection here would mean the runtime test proves nothing.
+    assert check_candidate_source(case.reference, case.source).status is None
+
+
+def test_setattr_through_getattr_evades_static_checks_so_runtime_guard_must_catch_it():
+    case = next(c for c in RUNTIME_CASES if c.name == "runtime_timer_patch")
+    assert check_candidate_source(case.reference, case.source).status is None
+
+
+def test_torch_ops_next_to_extension_call_are_flagged_not_rejected_by_default():
+    source = candidate(forward="y = relu2_ext.relu2(x)\nreturn torch.tanh(y)")
+    report = check_candidate_source(REFERENCE, source)
+    assert report.status is None and report.flags == ["torch_ops_on_forward_path"]
+    strict = check_candidate_source(REFERENCE, source, forbid_torch_compute_on_forward=True)
+    assert strict.status == Status.DECEPTIVE and [r.code for r in strict.reasons] == ["torch_op_on_forward_path"]
+
+
+def test_half_types_are_allowed_when_the_reference_is_half_precision():
+    half_reference = REFERENCE.replace("torch.randn(batch_size, dim)", "torch.randn(batch_size, dim, dtype=torch.float16)")
+    source = candidate(forward="return relu2_ext.relu2(x.half().float())")
+    assert check_candidate_source(half_reference, source).status is None
+
+
+def test_setting_build_environment_variables_is_not_monkeypatching():
+    source = candidate(prelude="import os\nos.environ['TORCH_CUDA_ARCH_LIST'] = '9.0'")
+    assert check_candidate_source(REFERENCE, source).status is None
+
+
+def test_extension_bound_through_self_attribute_counts_as_extension_call():
+    source = candidate(forward="return self.ext.relu2(x)").replace("self.calls = 0", "self.ext = relu2_ext")
+    report = check_candidate_source(REFERENCE, source)
+    assert report.status is None and report.extension_calls_on_forward == 1
+
+
+def test_nn_module_attribute_called_in_forward_is_a_torch_op():
+    source = candidate(forward="return self.act(x)").replace("self.calls = 0", "self.act = nn.ReLU()")
+    report = check_candidate_source(REFERENCE, source)
+    assert report.status == Status.DECEPTIVE and "torch_only_forward" in [r.code for r in report.reasons]
+
+
+def test_registered_custom_op_counts_as_extension_call_but_aten_does_not():
+    custom = candidate(forward="return torch.ops.relu2_ns.relu2(x)")
+    assert check_candidate_source(REFERENCE, custom).extension_calls_on_forward == 1
+    aten = check_candidate_source(REFERENCE, candidate(forward="return torch.ops.aten.relu(x)"))
+    assert aten.extension_calls_on_forward == 0 and aten.status == Status.DECEPTIVE
