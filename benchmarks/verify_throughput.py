@@ -84,6 +84,12 @@ def baseline_worker(request_path: str) -> None:
     Path(request["result_path"]).write_text(json.dumps(result))
 
 
+def baseline_subset(pairs: list[dict], n: int) -> list[dict]:
+    """The first `n` of DEFAULT_BASELINE_SUBSET present in the corpus (an honest kernel first, then a wrong one)."""
+    by_name = {p["problem_name"]: p for p in pairs}
+    return [by_name[name] for name in DEFAULT_BASELINE_SUBSET if name in by_name][:n]
+
+
 def run_baseline(pairs: list[dict]) -> tuple[float, list[dict]]:
     results = []
     start = time.perf_counter()

@@ -1,0 +1,115 @@
+"""The block-diffusion objective: the mask against its definition (NOTES §4), the noise and the scored positions,
+dense vs flex attention, and the exactness of leaving unscored noisy blocks out."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from training.diffusion import (IGNORE_INDEX, TokenizedSample, block_diffusion_loss, build_attention_mask,
+                                noise_sample, pack_block_diffusion, pack_segments)
+
+MASK_ID = 3
+
+
+def reference_mask(length: int, block_size: int) -> torch.Tensor:
+    """[x_t ; x_0] mask written from the definition, one pair at a time."""
+    mask = torch.zeros(2 * length, 2 * length, dtype=torch.bool)
+    for q in range(2 * length):
+        for k in range(2 * length):
+            q_noisy, k_noisy = q < length, k < length
+            q_block, k_block = (q % length) // block_size, (k % length) // block_size
+            if q_noisy and k_noisy:
+                mask[q, k] = q_block == k_block  # bidirectional inside a noisy block
+            elif q_noisy:
+                mask[q, k] = k_block < q_block  # strictly earlier clean blocks
+            elif not k_noisy:
+                mask[q, k] = k_block <= q_block  # the clean half is block-causal
+    return mask
+
+
+def samples(lengths_and_prompts, vocab=300, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    return [TokenizedSample(torch.randint(4, vocab, (length,), generator=generator), torch.arange(length) >= prompt)
+            for length, prompt in lengths_and_prompts]
+
+
+def test_dense_mask_of_the_full_layout_matches_the_definition():
+    batch = pack_block_diffusion(samples([(10, 0)]), MASK_ID, 4, 20, torch.Generator().manual_seed(0),
+                                 drop_unscored_blocks=False)
+    dense = build_attention_mask(batch, "dense")
+    assert torch.equal(dense[0, 0], reference_mask(10, 4))
+
+
+def test_prompt_tokens_are_never_masked_and_weights_are_one_over_t():
+    sample = samples([(64, 24)])[0]
+    segment = noise_sample(sample, 4, torch.Generator().manual_seed(5), drop_unscored_blocks=False)
+    assert not segment.masked[:24].any() and segment.masked.any()
+    batch, _ = pack_segments([segment], MASK_ID, 4, 128)
+    noisy = batch.is_noisy[0]
+    scored = batch.targets[0] != IGNORE_INDEX
+    assert torch.equal(scored[noisy], segment.masked)
+    assert torch.equal(batch.input_ids[0][noisy][segment.masked], torch.full((int(segment.masked.sum()),), MASK_ID))
+    assert torch.equal(batch.targets[0][scored], sample.input_ids[segment.masked])  # no shift: token i at i
+    torch.testing.assert_close(batch.loss_weights[0][scored], torch.full((int(scored.sum()),), 1 / segment.t))
+    assert batch.num_answer_tokens == 40
+
+
+@pytest.fixture()
+def mixed_samples():
+    return samples([(37, 10), (20, 5), (50, 0), (9, 8)])
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_dense_and_flex_attention_give_the_same_loss(tiny_model, mixed_samples):
+    batch = pack_block_diffusion(mixed_samples, MASK_ID, 4, 128, torch.Generator().manual_seed(1))
+    with torch.no_grad():  # flex_attention has no CPU backward; the forward is what is compared
+        dense = block_diffusion_loss(tiny_model, batch, build_attention_mask(batch, "dense"))
+        flex = block_diffusion_loss(tiny_model, batch, build_attention_mask(batch, "flex"))
+    torch.testing.assert_close(dense, flex, rtol=1e-5, atol=1e-5)
+
+
+def test_dropping_unscored_noisy_blocks_leaves_the_loss_unchanged(tiny_model, mixed_samples):
+    losses, lengths = [], []
+    for drop in (False, True):
+        batch = pack_block_diffusion(mixed_samples, MASK_ID, 4, 256, torch.Generator().manual_seed(2),
+                                     drop_unscored_blocks=drop)
+        losses.append(block_diffusion_loss(tiny_model, batch, build_attention_mask(batch, "dense")))
+        lengths.append(int((batch.segment_ids >= 0).sum()))
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+    assert lengths[1] < lengths[0]  # the all-prompt sample (9, 8) alone saves two noisy blocks
+
+
+def test_gradients_flow_and_packing_into_several_rows_keeps_samples_apart(tiny_model, mixed_samples):
+    one_row = pack_block_diffusion(mixed_samples, MASK_ID, 4, 256, torch.Generator().manual_seed(3))
+    rows = pack_block_diffusion(mixed_samples, MASK_ID, 4, 100, torch.Generator().manual_seed(3))
+    assert rows.input_ids.shape[0] > 1
+    loss_one = block_diffusion_loss(tiny_model, one_row, build_attention_mask(one_row, "dense"))
+    loss_rows = block_diffusion_loss(tiny_model, rows, build_attention_mask(rows, "dense"))
+    torch.testing.assert_close(loss_one, loss_rows, rtol=1e-5, atol=1e-6)
+    loss_rows.backward()
+    assert tiny_model.model.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
+
+
+def test_rows_limit_returns_leftovers_still_noised_and_too_long_samples_fail():
+    generator = torch.Generator().manual_seed(0)
+    segments = [noise_sample(s, 4, generator) for s in samples([(40, 0)] * 6)]
+    batch, leftover = pack_segments(segments, MASK_ID, 4, 100, max_rows=2)
+    assert batch.input_ids.shape[0] == 2 and batch.num_samples + len(leftover) == 6
+    assert all(any(s is kept for kept in segments) for s in leftover)
+    with pytest.raises(ValueError, match="truncate samples"):
+        pack_block_diffusion(samples([(80, 0)]), MASK_ID, 4, 100, generator, drop_unscored_blocks=False)
+
+
+@pytest.mark.gpu
+def test_compiled_flex_matches_dense_on_gpu_forward_and_backward(tiny_model, mixed_samples):
+    model = tiny_model.cuda()
+    batch = pack_block_diffusion(mixed_samples, MASK_ID, 4, 128, torch.Generator().manual_seed(1)).to("cuda")
+    grads = []
+    for backend in ("dense", "flex"):
+        model.zero_grad()
+        loss = block_diffusion_loss(model, batch, build_attention_mask(batch, backend))
+        loss.backward()
+        grads.append((loss.detach(), model.model.layers[0].self_attn.q_proj.weight.grad.clone()))
+    torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-3, atol=1e-4)
