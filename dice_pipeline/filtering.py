@@ -15,6 +15,8 @@ import polars as pl
 from dice_pipeline.schemas import SPEEDUP_FILTER_DECISIONS, SPEEDUP_FILTERED_PAIRS, conform
 
 PAPER_THRESHOLD = 2.0
+# A verifier flag: the reference runs so briefly that launch overhead dominates its timing.
+OVERHEAD_DOMINATED = "overhead_dominated"
 # Statuses that mean "the verifier found nothing wrong"; anything else drops the pair.
 _PASSING_STATUSES = ("correct", "not_executed")
 
@@ -44,7 +46,7 @@ def filter_by_speedup(
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Decide every pair at one threshold. Returns (kept pairs, decisions for all pairs)."""
     threshold = parse_threshold_key(threshold_key)
-    verdicts = verified.select("uuid", "status", "executed", "measured_speedup", "verdict_id")
+    verdicts = verified.select("uuid", "status", "executed", "measured_speedup", "flags", "verdict_id")
     joined = pairs.join(verdicts, on="uuid", how="left")
     missing = joined.filter(pl.col("status").is_null())
     if missing.height:
@@ -65,6 +67,8 @@ def filter_by_speedup(
             reason = "failed_verification"
         elif speedup is None or not math.isfinite(speedup):
             reason = "no_speedup"
+        elif speedup_source == "measured" and OVERHEAD_DOMINATED in (row["flags"] or []):
+            reason = "overhead_dominated"  # timing is launch overhead, not kernel work: never rewarded
         elif speedup >= threshold:
             reason = "kept"
         else:

@@ -76,7 +76,8 @@ SPEEDUP_FILTER_DECISIONS = pl.Schema(
         "threshold": pl.Float64,
         "uuid": pl.String,
         "kept": pl.Boolean,
-        "reason_code": pl.String,  # kept | below_threshold | no_speedup | failed_verification
+        # kept | below_threshold | no_speedup | failed_verification | overhead_dominated
+        "reason_code": pl.String,
         "speedup_used": pl.Float64,
         "speedup_source": pl.String,  # measured (our verifier on a GPU) | recorded (the source's own figure)
         "verification_status": pl.String,

@@ -32,7 +32,7 @@ def _pairs(pair_factory, speedups):
     return accepted
 
 
-def _verdicts(pairs, statuses, measured):
+def _verdicts(pairs, statuses, measured, flags=None):
     return pl.DataFrame(
         {
             "uuid": pairs["uuid"],
@@ -40,7 +40,7 @@ def _verdicts(pairs, statuses, measured):
             "status": statuses,
             "executed": [m is not None for m in measured],
             "reason_codes": [[] for _ in statuses],
-            "flags": [[] for _ in statuses],
+            "flags": flags or [[] for _ in statuses],
             "measured_speedup": measured,
             "verdict_id": [f"v{i}" for i in range(len(statuses))],
         }
@@ -72,6 +72,14 @@ def test_filter_keeps_rows_at_exact_threshold_and_prefers_measured_speedup(pair_
     assert kept["uuid"].to_list() == ["pair-0"]
     assert decisions.height == pairs.height
     assert (kept["threshold_key"] == "2.0").all()
+
+
+def test_overhead_dominated_measurements_are_never_rewarded(pair_factory):
+    pairs = _pairs(pair_factory, [1.0, 1.0])
+    verdicts = _verdicts(pairs, ["correct", "correct"], [3.0, 3.0], flags=[["overhead_dominated"], []])
+    kept, decisions = filter_by_speedup(pairs, verdicts, "2.0")
+    assert decisions["reason_code"].to_list() == ["overhead_dominated", "kept"]
+    assert kept["uuid"].to_list() == ["pair-1"]
 
 
 def test_filter_refuses_pairs_without_verdicts(pair_factory):
