@@ -11,6 +11,7 @@ import dagster as dg
 import polars as pl
 
 from assets import keys
+from assets.keys import table_out
 from assets.metadata import counts_markdown, markdown_preview, table_metadata
 from dice_pipeline.filtering import parse_threshold_key
 from dice_pipeline.paths import artifacts_dir
@@ -34,18 +35,17 @@ def _with_partition(frame: pl.DataFrame, name: str, partition_key: str) -> pl.Da
     return frame.with_columns(pl.lit(partition_key).alias(CUKE_PARTITION_COLUMN)).select(spec.schema.names())
 
 
-def _table_out(key: dg.AssetKey, description: str) -> dg.AssetOut:
-    return dg.AssetOut(key=key, description=description, kinds={"duckdb", "polars"}, code_version="1")
-
-
 @dg.multi_asset(
     outs={
-        "cuke_sft_samples": _table_out(keys.CUKE_SFT_SAMPLES,
-                                       "CuKe SFT samples: chat prompt + kernel response, lineage, op family, difficulty."),
-        "cuke_sft_rejects": _table_out(keys.CUKE_SFT_REJECTS,
-                                       "Candidates that did not become samples, each with a reason code."),
-        "cuke_decontamination_drops": _table_out(keys.CUKE_DECONTAMINATION_DROPS,
-                                                 "Samples dropped for overlapping a KernelBench task, with the task."),
+        "cuke_sft_samples": table_out(
+            keys.CUKE_SFT_SAMPLES, "CuKe SFT samples: chat prompt + kernel response, lineage, op family, difficulty."
+        ),
+        "cuke_sft_rejects": table_out(
+            keys.CUKE_SFT_REJECTS, "Candidates that did not become samples, each with a reason code."
+        ),
+        "cuke_decontamination_drops": table_out(
+            keys.CUKE_DECONTAMINATION_DROPS, "Samples dropped for overlapping a KernelBench task, with the task."
+        ),
     },
     ins={
         "speedup_filtered_pairs": dg.AssetIn(key=keys.SPEEDUP_FILTERED_PAIRS),
@@ -54,13 +54,16 @@ def _table_out(key: dg.AssetKey, description: str) -> dg.AssetOut:
     partitions_def=keys.THRESHOLD_PARTITIONS,
     group_name=keys.GROUP_CUKE,
     check_specs=[
-        dg.AssetCheckSpec("rows_conserved", asset=keys.CUKE_SFT_SAMPLES,
-                          description="candidates == samples + rejects"),
+        dg.AssetCheckSpec("rows_conserved", asset=keys.CUKE_SFT_SAMPLES, description="candidates == samples + rejects"),
         dg.AssetCheckSpec("prompt_response_present", asset=keys.CUKE_SFT_SAMPLES, blocking=True),
     ],
 )
-def cuke_samples(context: dg.AssetExecutionContext, config: CukeConfig, speedup_filtered_pairs: pl.DataFrame,
-                 structure_instances: pl.DataFrame):
+def cuke_samples(
+    context: dg.AssetExecutionContext,
+    config: CukeConfig,
+    speedup_filtered_pairs: pl.DataFrame,
+    structure_instances: pl.DataFrame,
+):
     """The union of this threshold's filtered ConCuR pairs and the kept structure instances as SFT samples
     (`prompt` = the KernelBench one-shot prompt in the chat template, `response` = the ModelNew file), deduplicated
     and decontaminated against KernelBench."""
@@ -73,18 +76,35 @@ def cuke_samples(context: dg.AssetExecutionContext, config: CukeConfig, speedup_
     if config.decontaminate:
         index = KernelBenchIndex.from_path(config.kernelbench_tasks or None)
     structure_floor = structure_instances["threshold"].max() if structure_instances.height else None
-    build = build_sft_samples(speedup_filtered_pairs, structure_instances, threshold, kernelbench_index=index,
-                              include_reasoning=config.include_reasoning, structure_threshold=structure_floor)
+    build = build_sft_samples(
+        speedup_filtered_pairs,
+        structure_instances,
+        threshold,
+        kernelbench_index=index,
+        include_reasoning=config.include_reasoning,
+        structure_threshold=structure_floor,
+    )
     samples = build.samples
     not_executed = samples.filter(pl.col("verification_status") == "not_executed").height
     yield dg.Output(
         _with_partition(samples, "cuke_sft_samples", partition_key),
         output_name="cuke_sft_samples",
         metadata={
-            **table_metadata(samples, table_for("cuke_sft_samples").schema,
-                             ["sample_id", "source", "problem_name", "op_family", "difficulty", "speedup_used",
-                              "verification_status"]),
+            **table_metadata(
+                samples,
+                table_for("cuke_sft_samples").schema,
+                [
+                    "sample_id",
+                    "source",
+                    "problem_name",
+                    "op_family",
+                    "difficulty",
+                    "speedup_used",
+                    "verification_status",
+                ],
+            ),
             "composition": dg.MetadataValue.md(_composition_markdown(samples)),
+            "length_distributions": dg.MetadataValue.json(_length_summary(samples)),
             "samples_not_executed": not_executed,
             "decontamination": "off" if index is None else f"{build.counts.get('decontaminated', 0)} dropped",
             "counts": dg.MetadataValue.json(build.counts),
@@ -93,25 +113,44 @@ def cuke_samples(context: dg.AssetExecutionContext, config: CukeConfig, speedup_
     yield dg.Output(
         _with_partition(build.rejects, "cuke_sft_rejects", partition_key),
         output_name="cuke_sft_rejects",
-        metadata={"dagster/row_count": build.rejects.height,
-                  "rejections_by_reason": dg.MetadataValue.md(counts_markdown(build.rejects, "reason_code", "reason"))},
+        metadata={
+            "dagster/row_count": build.rejects.height,
+            "rejections_by_reason": dg.MetadataValue.md(counts_markdown(build.rejects, "reason_code", "reason")),
+        },
     )
     yield dg.Output(
         _with_partition(build.decontamination_drops, "cuke_decontamination_drops", partition_key),
         output_name="cuke_decontamination_drops",
-        metadata={"dagster/row_count": build.decontamination_drops.height,
-                  "preview": dg.MetadataValue.md(markdown_preview(
-                      build.decontamination_drops, ["row_id", "kernelbench_task", "rule", "jaccard"]))},
+        metadata={
+            "dagster/row_count": build.decontamination_drops.height,
+            "preview": dg.MetadataValue.md(
+                markdown_preview(build.decontamination_drops, ["row_id", "kernelbench_task", "rule", "jaccard"])
+            ),
+        },
     )
     yield dg.AssetCheckResult(
-        check_name="rows_conserved", asset_key=keys.CUKE_SFT_SAMPLES,
+        check_name="rows_conserved",
+        asset_key=keys.CUKE_SFT_SAMPLES,
         passed=build.counts["candidates"] == samples.height + build.rejects.height,
-        metadata={"candidates": build.counts["candidates"], "samples": samples.height,
-                  "rejects": build.rejects.height},
+        metadata={"candidates": build.counts["candidates"], "samples": samples.height, "rejects": build.rejects.height},
     )
     empty = samples.filter((pl.col("prompt").str.strip_chars() == "") | (pl.col("response").str.strip_chars() == ""))
-    yield dg.AssetCheckResult(check_name="prompt_response_present", asset_key=keys.CUKE_SFT_SAMPLES,
-                              passed=empty.height == 0, metadata={"empty": empty.height})
+    yield dg.AssetCheckResult(
+        check_name="prompt_response_present",
+        asset_key=keys.CUKE_SFT_SAMPLES,
+        passed=empty.height == 0,
+        metadata={"empty": empty.height},
+    )
+
+
+def _length_summary(samples: pl.DataFrame) -> dict:
+    """Prompt/response length statistics in characters (no histogram bins: those are in the exported card)."""
+    from dice_pipeline.cuke.export import length_distributions
+
+    return {
+        name: {k: v for k, v in stats.items() if k not in ("edges", "counts")}
+        for name, stats in length_distributions(samples).items()
+    }
 
 
 def _composition_markdown(samples: pl.DataFrame) -> str:
@@ -123,17 +162,26 @@ def _composition_markdown(samples: pl.DataFrame) -> str:
 
 @dg.multi_asset(
     outs={
-        "cuke_infilling_tasks": _table_out(keys.CUKE_INFILLING_TASKS,
-                                           "Stage-1 RL tasks: prefix (imports) + suffix given, the CUDA source "
-                                           "string to write; prefix + middle + suffix == the kernel file."),
-        "cuke_infilling_rejects": _table_out(keys.CUKE_INFILLING_REJECTS,
-                                             "Samples whose kernel file cannot be split, with the reason."),
+        "cuke_infilling_tasks": table_out(
+            keys.CUKE_INFILLING_TASKS,
+            "Stage-1 RL tasks: prefix (imports) + suffix given, the CUDA source "
+            "string to write; prefix + middle + suffix == the kernel file.",
+        ),
+        "cuke_infilling_rejects": table_out(
+            keys.CUKE_INFILLING_REJECTS, "Samples whose kernel file cannot be split, with the reason."
+        ),
     },
     ins={"cuke_sft_samples": dg.AssetIn(key=keys.CUKE_SFT_SAMPLES)},
     partitions_def=keys.THRESHOLD_PARTITIONS,
     group_name=keys.GROUP_CUKE,
-    check_specs=[dg.AssetCheckSpec("split_reassembles", asset=keys.CUKE_INFILLING_TASKS, blocking=True,
-                                   description="prefix + middle + suffix == the kernel file, every row")],
+    check_specs=[
+        dg.AssetCheckSpec(
+            "split_reassembles",
+            asset=keys.CUKE_INFILLING_TASKS,
+            blocking=True,
+            description="prefix + middle + suffix == the kernel file, every row",
+        )
+    ],
 )
 def cuke_infilling(context: dg.AssetExecutionContext, cuke_sft_samples: pl.DataFrame):
     """Split every CuKe kernel file into prefix / middle (the CUDA source string) / suffix for kernel infilling,
@@ -151,14 +199,17 @@ def cuke_infilling(context: dg.AssetExecutionContext, cuke_sft_samples: pl.DataF
     yield dg.Output(
         _with_partition(rejects, "cuke_infilling_rejects", partition_key),
         output_name="cuke_infilling_rejects",
-        metadata={"dagster/row_count": rejects.height,
-                  "rejections_by_reason": dg.MetadataValue.md(counts_markdown(rejects, "reason_code", "reason"))},
+        metadata={
+            "dagster/row_count": rejects.height,
+            "rejections_by_reason": dg.MetadataValue.md(counts_markdown(rejects, "reason_code", "reason")),
+        },
     )
     reassembled = dict(zip(splits["sample_id"], splits["prefix"] + splits["middle"] + splits["suffix"]))
     originals = dict(zip(cuke_sft_samples["sample_id"], cuke_sft_samples["generated_code"]))
     broken = [sample_id for sample_id, code in reassembled.items() if originals[sample_id] != code]
     yield dg.AssetCheckResult(
-        check_name="split_reassembles", asset_key=keys.CUKE_INFILLING_TASKS,
+        check_name="split_reassembles",
+        asset_key=keys.CUKE_INFILLING_TASKS,
         passed=not broken and splits.height + rejects.height == cuke_sft_samples.height,
         metadata={"broken": len(broken), "split": splits.height, "rejected": rejects.height},
     )
@@ -166,16 +217,22 @@ def cuke_infilling(context: dg.AssetExecutionContext, cuke_sft_samples: pl.DataF
 
 @dg.asset(
     key=keys.CUKE_HF_DATASET,
-    ins={"cuke_sft_samples": dg.AssetIn(key=keys.CUKE_SFT_SAMPLES),
-         "cuke_sft_rejects": dg.AssetIn(key=keys.CUKE_SFT_REJECTS),
-         "structure_instances": dg.AssetIn(key=keys.STRUCTURE_INSTANCES)},
+    ins={
+        "cuke_sft_samples": dg.AssetIn(key=keys.CUKE_SFT_SAMPLES),
+        "cuke_sft_rejects": dg.AssetIn(key=keys.CUKE_SFT_REJECTS),
+        "structure_instances": dg.AssetIn(key=keys.STRUCTURE_INSTANCES),
+    },
     partitions_def=keys.THRESHOLD_PARTITIONS,
     group_name=keys.GROUP_CUKE,
     kinds={"huggingface", "parquet"},
     code_version="1",
 )
-def cuke_hf_dataset(context: dg.AssetExecutionContext, cuke_sft_samples: pl.DataFrame,
-                    cuke_sft_rejects: pl.DataFrame, structure_instances: pl.DataFrame) -> dg.MaterializeResult:
+def cuke_hf_dataset(
+    context: dg.AssetExecutionContext,
+    cuke_sft_samples: pl.DataFrame,
+    cuke_sft_rejects: pl.DataFrame,
+    structure_instances: pl.DataFrame,
+) -> dg.MaterializeResult:
     """CuKe at this threshold as a Hugging Face dataset (`save_to_disk` folder + Parquet) with a dataset card
     stating its lineage: sources, thresholds, verifier version, counts, decontamination."""
     from dice_pipeline.cuke.export import build_lineage, export_cuke
@@ -189,18 +246,21 @@ def cuke_hf_dataset(context: dg.AssetExecutionContext, cuke_sft_samples: pl.Data
     }
     decontaminated = cuke_sft_rejects.filter(pl.col("reason_code") == "kernelbench_overlap").height
     lineage = build_lineage(
-        samples, counts,
+        samples,
+        counts,
         {"checked": samples.height + decontaminated, "dropped": decontaminated},
         thresholds=[parse_threshold_key(partition_key)],
     )
     export = export_cuke(samples, artifacts_dir() / "cuke" / partition_key, lineage)
-    return dg.MaterializeResult(metadata={
-        "path": dg.MetadataValue.path(str(export.root)),
-        "hf_dataset_dir": dg.MetadataValue.path(str(export.hf_dataset_dir)),
-        "parquet": dg.MetadataValue.path(str(export.parquet_path)),
-        "dataset_card": dg.MetadataValue.md(export.card_path.read_text()),
-        "dagster/row_count": samples.height,
-    })
+    return dg.MaterializeResult(
+        metadata={
+            "path": dg.MetadataValue.path(str(export.root)),
+            "hf_dataset_dir": dg.MetadataValue.path(str(export.hf_dataset_dir)),
+            "parquet": dg.MetadataValue.path(str(export.parquet_path)),
+            "dataset_card": dg.MetadataValue.md(export.card_path.read_text()),
+            "dagster/row_count": samples.height,
+        }
+    )
 
 
 class RlPoolConfig(dg.Config):
@@ -231,13 +291,15 @@ def rl_end_to_end_tasks(context: dg.AssetExecutionContext, config: RlPoolConfig,
         pool, rejects = pool_from_references(references, "concur_pairs"), None
         source = "concur_pairs (labels computed)"
     metadata = {
-        **table_metadata(pool, RL_TASK_POOL, ["schedule_position", "task_id", "difficulty", "label_source",
-                                              "op_family"]),
+        **table_metadata(
+            pool, RL_TASK_POOL, ["schedule_position", "task_id", "difficulty", "label_source", "op_family"]
+        ),
         "source": source,
         "difficulty_counts": dg.MetadataValue.md(counts_markdown(pool, "difficulty", "difficulty")),
     }
     if rejects is not None:
         metadata["rejected_rows"] = rejects.height
         metadata["rejects"] = dg.MetadataValue.md(
-            markdown_preview(rejects, rejects.columns, rows=50) if rejects.height else "_(none)_")
+            markdown_preview(rejects, rejects.columns, rows=50) if rejects.height else "_(none)_"
+        )
     return dg.Output(pool, metadata=metadata)

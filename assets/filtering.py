@@ -10,23 +10,21 @@ import dagster as dg
 import polars as pl
 
 from assets import keys
-from assets.metadata import counts_markdown, histogram_markdown, table_metadata
+from assets.keys import table_out
+from assets.metadata import counts_markdown, histogram_markdown, schema_check, table_metadata
 from dice_pipeline.filtering import filter_by_speedup, parse_threshold_key
 from dice_pipeline.schemas import SPEEDUP_FILTER_DECISIONS, SPEEDUP_FILTERED_PAIRS
 
+
 @dg.multi_asset(
     outs={
-        "speedup_filtered_pairs": dg.AssetOut(
-            key=keys.SPEEDUP_FILTERED_PAIRS,
-            description="Pairs that passed verification with speedup_used >= the partition's threshold.",
-            kinds={"duckdb", "polars"},
-            code_version="1",
+        "speedup_filtered_pairs": table_out(
+            keys.SPEEDUP_FILTERED_PAIRS,
+            "Pairs that passed verification with speedup_used >= the partition's threshold.",
         ),
-        "speedup_filter_decisions": dg.AssetOut(
-            key=keys.SPEEDUP_FILTER_DECISIONS,
-            description="Every ingested pair's decision at this threshold: kept, or the reason it was dropped.",
-            kinds={"duckdb", "polars"},
-            code_version="1",
+        "speedup_filter_decisions": table_out(
+            keys.SPEEDUP_FILTER_DECISIONS,
+            "Every ingested pair's decision at this threshold: kept, or the reason it was dropped.",
         ),
     },
     ins={
@@ -37,10 +35,16 @@ from dice_pipeline.schemas import SPEEDUP_FILTER_DECISIONS, SPEEDUP_FILTERED_PAI
     group_name=keys.GROUP_FILTER,
     check_specs=[
         dg.AssetCheckSpec("threshold_respected", asset=keys.SPEEDUP_FILTERED_PAIRS, blocking=True),
-        dg.AssetCheckSpec("rows_conserved", asset=keys.SPEEDUP_FILTER_DECISIONS,
-                          description="one decision per ingested pair"),
-        dg.AssetCheckSpec("non_empty", asset=keys.SPEEDUP_FILTERED_PAIRS, blocking=False,
-                          description="warns when a threshold keeps nothing"),
+        dg.AssetCheckSpec("schema_matches", asset=keys.SPEEDUP_FILTERED_PAIRS),
+        dg.AssetCheckSpec(
+            "rows_conserved", asset=keys.SPEEDUP_FILTER_DECISIONS, description="one decision per ingested pair"
+        ),
+        dg.AssetCheckSpec(
+            "non_empty",
+            asset=keys.SPEEDUP_FILTERED_PAIRS,
+            blocking=False,
+            description="warns when a threshold keeps nothing",
+        ),
     ],
 )
 def speedup_filtering(context: dg.AssetExecutionContext, concur_pairs: pl.DataFrame, verified_pairs: pl.DataFrame):
@@ -58,14 +62,18 @@ def speedup_filtering(context: dg.AssetExecutionContext, concur_pairs: pl.DataFr
         output_name="speedup_filtered_pairs",
         data_version=data_version,
         metadata={
-            **table_metadata(kept, SPEEDUP_FILTERED_PAIRS,
-                             ["uuid", "problem_name", "speedup_used", "speedup_source", "verification_status"]),
+            **table_metadata(
+                kept,
+                SPEEDUP_FILTERED_PAIRS,
+                ["uuid", "problem_name", "speedup_used", "speedup_source", "verification_status"],
+            ),
             "threshold": threshold,
             "kept_measured": kept.filter(pl.col("speedup_source") == "measured").height,
             "kept_recorded": kept.filter(pl.col("speedup_source") == "recorded").height,
             "speedup_histogram": dg.MetadataValue.md(
-                histogram_markdown(decisions["speedup_used"].to_list(), f"speedup used (threshold {threshold:g}x)",
-                                   threshold=threshold)
+                histogram_markdown(
+                    decisions["speedup_used"].to_list(), f"speedup used (threshold {threshold:g}x)", threshold=threshold
+                )
             ),
         },
     )
@@ -79,15 +87,22 @@ def speedup_filtering(context: dg.AssetExecutionContext, concur_pairs: pl.DataFr
     )
     below = kept.filter(pl.col("speedup_used") < threshold)
     yield dg.AssetCheckResult(
-        check_name="threshold_respected", asset_key=keys.SPEEDUP_FILTERED_PAIRS, passed=below.height == 0,
+        check_name="threshold_respected",
+        asset_key=keys.SPEEDUP_FILTERED_PAIRS,
+        passed=below.height == 0,
         metadata={"rows_below_threshold": below.height},
     )
     yield dg.AssetCheckResult(
-        check_name="rows_conserved", asset_key=keys.SPEEDUP_FILTER_DECISIONS,
+        check_name="rows_conserved",
+        asset_key=keys.SPEEDUP_FILTER_DECISIONS,
         passed=decisions.height == concur_pairs.height and decisions["uuid"].n_unique() == decisions.height,
         metadata={"ingested": concur_pairs.height, "decisions": decisions.height},
     )
     yield dg.AssetCheckResult(
-        check_name="non_empty", asset_key=keys.SPEEDUP_FILTERED_PAIRS, passed=kept.height > 0,
-        severity=dg.AssetCheckSeverity.WARN, metadata={"kept": kept.height},
+        check_name="non_empty",
+        asset_key=keys.SPEEDUP_FILTERED_PAIRS,
+        passed=kept.height > 0,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={"kept": kept.height},
     )
+    yield schema_check("schema_matches", keys.SPEEDUP_FILTERED_PAIRS, kept, SPEEDUP_FILTERED_PAIRS)

@@ -5,9 +5,11 @@ import hashlib
 import dagster as dg
 
 from assets import keys
-from assets.metadata import counts_markdown, histogram_markdown, table_metadata
+from assets.keys import table_out
+from assets.metadata import counts_markdown, histogram_markdown, schema_check, table_metadata
 from dice_pipeline import concur
 from dice_pipeline.schemas import CONCUR_PAIRS, CONCUR_REJECTS
+
 
 class ConcurSourceConfig(dg.Config):
     """Where to read ConCuR-format pairs from. Empty `source` means the DICE_CONCUR_SOURCE environment variable,
@@ -17,19 +19,14 @@ class ConcurSourceConfig(dg.Config):
     source: str = ""
     split: str = "train"
 
+
 @dg.multi_asset(
     outs={
-        "concur_pairs": dg.AssetOut(
-            key=keys.CONCUR_PAIRS,
-            description="Validated PyTorch->CUDA pairs in ConCuR's schema; extra source columns in extra_json.",
-            kinds={"duckdb", "polars"},
-            code_version="1",
+        "concur_pairs": table_out(
+            keys.CONCUR_PAIRS, "Validated PyTorch->CUDA pairs in ConCuR's schema; extra source columns in extra_json."
         ),
-        "concur_rejects": dg.AssetOut(
-            key=keys.CONCUR_REJECTS,
-            description="Source rows that failed validation, each with a reason code and the row as read.",
-            kinds={"duckdb", "polars"},
-            code_version="1",
+        "concur_rejects": table_out(
+            keys.CONCUR_REJECTS, "Source rows that failed validation, each with a reason code and the row as read."
         ),
     },
     group_name=keys.GROUP_INGEST,
@@ -37,6 +34,7 @@ class ConcurSourceConfig(dg.Config):
         dg.AssetCheckSpec("rows_conserved", asset=keys.CONCUR_PAIRS, description="rows read == accepted + rejected"),
         dg.AssetCheckSpec("non_empty", asset=keys.CONCUR_PAIRS, description="at least one pair was accepted"),
         dg.AssetCheckSpec("unique_uuid", asset=keys.CONCUR_PAIRS, description="uuids are unique"),
+        dg.AssetCheckSpec("schema_matches", asset=keys.CONCUR_PAIRS, description="columns and types as declared"),
     ],
 )
 def concur_ingestion(context: dg.AssetExecutionContext, config: ConcurSourceConfig):
@@ -86,3 +84,4 @@ def concur_ingestion(context: dg.AssetExecutionContext, config: ConcurSourceConf
         asset_key=keys.CONCUR_PAIRS,
         passed=accepted["uuid"].n_unique() == accepted.height,
     )
+    yield schema_check("schema_matches", keys.CONCUR_PAIRS, accepted, CONCUR_PAIRS)

@@ -25,3 +25,8 @@ GROUP_FILTER = "filter"
 GROUP_SYNTHESIS = "synthesis"
 GROUP_CUKE = "cuke"
 GROUP_RL_DATA = "rl_data"
+
+
+def table_out(key: dg.AssetKey, description: str) -> dg.AssetOut:
+    """An output of a multi-asset that lands as a warehouse table."""
+    return dg.AssetOut(key=key, description=description, kinds={"duckdb", "polars"}, code_version="1")

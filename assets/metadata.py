@@ -1,6 +1,5 @@
 """Metadata a person reads in the Dagster UI: row counts, column schema, a Markdown preview, plots, counts."""
 
-
 import base64
 import io
 import json
@@ -79,3 +78,19 @@ def histogram_markdown(values: Sequence[float], title: str, threshold: float | N
     plt.close(fig)
     encoded = base64.b64encode(buffer.getvalue()).decode()
     return f"![{title}](data:image/png;base64,{encoded})"
+
+
+def schema_check(check_name: str, asset_key: dg.AssetKey, frame: pl.DataFrame, schema: pl.Schema):
+    """An asset check result: the frame has exactly the declared columns, in order, with the declared types."""
+    mismatches = [
+        f"{name}: {frame.schema.get(name)} != {dtype}"
+        for name, dtype in schema.items()
+        if frame.schema.get(name) != dtype
+    ]
+    extra = [name for name in frame.columns if name not in schema]
+    return dg.AssetCheckResult(
+        check_name=check_name,
+        asset_key=asset_key,
+        passed=not mismatches and not extra,
+        metadata={"mismatches": ", ".join(mismatches) or "none", "unexpected_columns": ", ".join(extra) or "none"},
+    )

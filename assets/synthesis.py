@@ -51,30 +51,45 @@ def structure_instances(
     backend = generator.build()
     context.log.info(f"{len(tasks)} catalogue tasks x {config.n_per_task} candidates from {generator.backend}")
     rows = synthesize_structure_instances(
-        tasks, backend, lambda jobs: verifier.verify(jobs, log=context.log.info), config.n_per_task,
-        config.min_speedup, seed=config.seed,
+        tasks,
+        backend,
+        lambda jobs: verifier.verify(jobs, log=context.log.info),
+        config.n_per_task,
+        config.min_speedup,
+        seed=config.seed,
     )
     reference_by_task = {task.task_id: task.pytorch_code for task in tasks}
     for row in rows:
         row["pytorch_code"] = reference_by_task[row["task_id"]]
         row["verdict_id"] = _verdict_id(row["job_id"] or row["task_id"], row["verdict_json"])
-    frame = conform(pl.DataFrame(rows, schema_overrides=dict(STRUCTURE_INSTANCES), strict=False)
-                    if rows else pl.DataFrame(schema=STRUCTURE_INSTANCES), STRUCTURE_INSTANCES)
+    frame = conform(
+        pl.DataFrame(rows, schema_overrides=dict(STRUCTURE_INSTANCES), strict=False)
+        if rows
+        else pl.DataFrame(schema=STRUCTURE_INSTANCES),
+        STRUCTURE_INSTANCES,
+    )
     kept = frame.filter(pl.col("kept"))
     yield dg.Output(
         frame,
         metadata={
-            **table_metadata(frame, STRUCTURE_INSTANCES,
-                             ["task_id", "generator_backend", "status", "speedup", "kept", "reject_reason"]),
+            **table_metadata(
+                frame,
+                STRUCTURE_INSTANCES,
+                ["task_id", "generator_backend", "status", "speedup", "kept", "reject_reason"],
+            ),
             "kept": kept.height,
             "kept_by_family": dg.MetadataValue.md(counts_markdown(kept, "family", "family")),
             "rejections_by_reason": dg.MetadataValue.md(
-                counts_markdown(frame.filter(~pl.col("kept")), "reject_reason", "reason")),
+                counts_markdown(frame.filter(~pl.col("kept")), "reject_reason", "reason")
+            ),
             "speedup_histogram": dg.MetadataValue.md(
-                histogram_markdown(frame["speedup"].to_list(), "structure candidates: speedup over eager",
-                                   threshold=config.min_speedup)),
+                histogram_markdown(
+                    frame["speedup"].to_list(), "structure candidates: speedup over eager", threshold=config.min_speedup
+                )
+            ),
         },
     )
     bad = kept.filter((pl.col("status") != "correct") | (pl.col("speedup") < config.min_speedup))
-    yield dg.AssetCheckResult(check_name="kept_are_correct_and_fast", passed=bad.height == 0,
-                              metadata={"violations": bad.height})
+    yield dg.AssetCheckResult(
+        check_name="kept_are_correct_and_fast", passed=bad.height == 0, metadata={"violations": bad.height}
+    )

@@ -11,10 +11,11 @@ import dagster as dg
 import polars as pl
 
 from assets import keys
-from assets.metadata import counts_markdown, histogram_markdown, table_metadata
+from assets.metadata import counts_markdown, histogram_markdown, schema_check, table_metadata
 from dice_pipeline.resources import KernelVerifier
 from dice_pipeline.schemas import VERIFIED_PAIRS
 from dice_pipeline.verified import verdicts_frame
+
 
 @dg.asset(
     key=keys.VERIFIED_PAIRS,
@@ -23,13 +24,18 @@ from dice_pipeline.verified import verdicts_frame
     kinds={"cuda", "pytorch", "duckdb"},
     code_version="1",
     pool="gpu",
-    check_specs=[dg.AssetCheckSpec("one_verdict_per_pair", asset=keys.VERIFIED_PAIRS)],
+    check_specs=[
+        dg.AssetCheckSpec("one_verdict_per_pair", asset=keys.VERIFIED_PAIRS),
+        dg.AssetCheckSpec("schema_matches", asset=keys.VERIFIED_PAIRS),
+    ],
 )
 def verified_pairs(context: dg.AssetExecutionContext, concur_pairs: pl.DataFrame, verifier: KernelVerifier):
     """Compile each candidate, check it against its PyTorch reference, time both, and reject deceptive kernels.
     One row per ingested pair with the verdict's status, reasons, measured speedup and provenance."""
-    jobs = [(row["uuid"], row["pytorch_code"], row["generated_code"])
-            for row in concur_pairs.select("uuid", "pytorch_code", "generated_code").iter_rows(named=True)]
+    jobs = [
+        (row["uuid"], row["pytorch_code"], row["generated_code"])
+        for row in concur_pairs.select("uuid", "pytorch_code", "generated_code").iter_rows(named=True)
+    ]
     context.log.info(f"verifying {len(jobs)} pairs ({verifier.describe()})")
     verdicts = verifier.verify(jobs, log=context.log.info)
     frame = verdicts_frame(concur_pairs, verdicts)
@@ -41,8 +47,9 @@ def verified_pairs(context: dg.AssetExecutionContext, concur_pairs: pl.DataFrame
         frame,
         data_version=dg.DataVersion(hashlib.sha256(fingerprint.encode()).hexdigest()[:16]),
         metadata={
-            **table_metadata(frame, VERIFIED_PAIRS,
-                             ["uuid", "problem_name", "status", "measured_speedup", "reason_codes"]),
+            **table_metadata(
+                frame, VERIFIED_PAIRS, ["uuid", "problem_name", "status", "measured_speedup", "reason_codes"]
+            ),
             "executed": int(frame["executed"].sum()),
             "gpu": ", ".join(sorted({g for g in frame["gpu_name"].to_list() if g})) or "none",
             "verdicts_by_status": dg.MetadataValue.md(counts_markdown(frame, "status", "status")),
@@ -56,3 +63,4 @@ def verified_pairs(context: dg.AssetExecutionContext, concur_pairs: pl.DataFrame
         passed=frame.height == concur_pairs.height and frame["uuid"].n_unique() == frame.height,
         metadata={"pairs": concur_pairs.height, "verdicts": frame.height},
     )
+    yield schema_check("schema_matches", keys.VERIFIED_PAIRS, frame, VERIFIED_PAIRS)

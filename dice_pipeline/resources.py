@@ -132,8 +132,8 @@ class KernelGeneratorResource(dg.ConfigurableResource):
     def build(self):
         import os
 
-        from dice_pipeline.paths import cache_dir
         from dice_pipeline import synthesis
+        from dice_pipeline.paths import cache_dir
 
         if self.backend == "templates":
             return synthesis.TemplateGenerator()

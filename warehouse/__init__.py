@@ -18,4 +18,4 @@ def install_lineage_views(wh: Warehouse) -> None:
     wh.install_views(LINEAGE_VIEWS_SQL, list(TABLES.values()))
 
 
-__all__ = ["TABLES", "Warehouse", "install_lineage_views", "open_warehouse", "table_for", "LINEAGE_VIEWS_SQL"]
+__all__ = ["LINEAGE_VIEWS_SQL", "TABLES", "Warehouse", "install_lineage_views", "open_warehouse", "table_for"]

@@ -9,8 +9,8 @@ import polars as pl
 
 from dice_pipeline import schemas
 from dice_pipeline.cuke.decontaminate import DECONTAMINATION_DROPS
-from dice_pipeline.cuke.rl_pool import RL_TASK_POOL
 from dice_pipeline.cuke.infilling import INFILLING_REJECTS, STAGE1_TASK_SCHEMA
+from dice_pipeline.cuke.rl_pool import RL_TASK_POOL
 from dice_pipeline.cuke.samples import CUKE_SFT_REJECTS, CUKE_SFT_SAMPLES
 from dice_pipeline.schemas import TableSpec
 

@@ -18,6 +18,9 @@ def register(subparsers) -> None:
                         help=f"speedup threshold(s) to filter at; repeat for several (default {PAPER_THRESHOLD})")
     parser.add_argument("--execute", choices=["auto", "always", "never"], default="auto",
                         help="run candidates on a GPU: auto (if one is present), always, never")
+    parser.add_argument("--compile-without-gpu", action="store_true",
+                        help="where no GPU is present, still build every candidate with nvcc (1-3 min each on a "
+                             "2-core machine); default: static checks only there")
     parser.set_defaults(func=run_main_job)
 
 
@@ -40,7 +43,8 @@ def run_main_job(args: argparse.Namespace) -> int:
     job = definitions.defs.resolve_job_def(definitions.main_job.name)
     run_config = {
         "ops": {"concur_ingestion": {"config": {"source": args.source}}},
-        "resources": {"verifier": {"config": {"execute": args.execute}}},
+        "resources": {"verifier": {"config": {"execute": args.execute,
+                                              "compile_without_gpu": args.compile_without_gpu}}},
     }
     ok = True
     for index, threshold in enumerate(dict.fromkeys(thresholds)):

@@ -129,3 +129,18 @@ def test_empty_filter_result_is_still_a_table_and_warns(env, tmp_path, pair_fact
     checks = {c.check_name: c for c in result.get_asset_check_evaluations()}
     assert not checks["non_empty"].passed and checks["threshold_respected"].passed
     assert wh.read(table_for("speedup_filtered_pairs"), ["5.0"]).height == 0
+
+
+@pytest.mark.nvcc
+def test_compile_without_gpu_reaches_a_compile_verdict(env, tmp_path, pair_factory):
+    # The compile-only stage on a GPU-less host: a candidate whose CUDA does not build is rejected as compile_error.
+    instance, resources, wh = env
+    broken = pair_factory(0)
+    broken["generated_code"] = broken["generated_code"].replace("fmaxf(x[i], 0.f)", "fmaxf(x[i], undeclared_name)")
+    source = _write_source(tmp_path / "p.jsonl", [broken])
+    resources["verifier"] = KernelVerifier(execute="never", compile_without_gpu=True,
+                                           build_cache_dir=str(tmp_path / "builds"))
+    assert _materialize(instance, resources, UPSTREAM, source=source).success
+    verdict = wh.read(table_for("verified_pairs")).row(0, named=True)
+    assert verdict["status"] == "compile_error" and not verdict["executed"]
+    assert "undeclared_name" in verdict["verdict_json"]

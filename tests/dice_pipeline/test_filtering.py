@@ -3,7 +3,7 @@
 import polars as pl
 import pytest
 
-from dice_pipeline.concur import validate_concur_rows, SourceRow
+from dice_pipeline.concur import SourceRow, validate_concur_rows
 from dice_pipeline.filtering import canonical_threshold_key, filter_by_speedup, parse_threshold_key
 from dice_pipeline.schemas import VERIFIED_PAIRS
 
