@@ -1,8 +1,6 @@
 """Stage 4, Attention/MLP structure synthesis: LLM-block reference tasks at varied shapes, candidate kernels from
 the configured generator backend, each verified; only correct ones faster than the floor are kept."""
 
-import hashlib
-
 import dagster as dg
 import polars as pl
 
@@ -10,6 +8,7 @@ from assets import keys
 from assets.metadata import counts_markdown, histogram_markdown, table_metadata
 from dice_pipeline.resources import KernelGeneratorResource, KernelVerifier
 from dice_pipeline.schemas import STRUCTURE_INSTANCES, conform
+from dice_pipeline.verified import verdict_id
 
 
 class StructureSynthesisConfig(dg.Config):
@@ -21,11 +20,6 @@ class StructureSynthesisConfig(dg.Config):
     min_speedup: float = 1.0
     seed: int = 0
 
-
-def _verdict_id(job_id: str, verdict_json: str | None) -> str | None:
-    if verdict_json is None:
-        return None
-    return hashlib.sha256(f"{job_id}\0{verdict_json}".encode()).hexdigest()[:16]
 
 
 @dg.asset(
@@ -61,7 +55,8 @@ def structure_instances(
     reference_by_task = {task.task_id: task.pytorch_code for task in tasks}
     for row in rows:
         row["pytorch_code"] = reference_by_task[row["task_id"]]
-        row["verdict_id"] = _verdict_id(row["job_id"] or row["task_id"], row["verdict_json"])
+        verdict_json = row["verdict_json"]
+        row["verdict_id"] = None if verdict_json is None else verdict_id(row["job_id"] or row["task_id"], verdict_json)
     frame = conform(
         pl.DataFrame(rows, schema_overrides=dict(STRUCTURE_INSTANCES), strict=False)
         if rows

@@ -10,8 +10,9 @@ from dice_pipeline.schemas import VERIFIED_PAIRS
 from dice_pipeline.verify.verdict import Status, Verdict
 
 
-def verdict_id(uuid: str, verdict: Verdict) -> str:
-    return hashlib.sha256(f"{uuid}\0{verdict.to_json()}".encode()).hexdigest()[:16]
+def verdict_id(job_id: str, verdict_json: str) -> str:
+    """Stable id of one verdict on one job: the first 16 hex digits of sha256(job id, verdict JSON)."""
+    return hashlib.sha256(f"{job_id}\0{verdict_json}".encode()).hexdigest()[:16]
 
 
 def verdicts_frame(pairs: pl.DataFrame, verdicts: list[Verdict]) -> pl.DataFrame:
@@ -37,7 +38,7 @@ def verdicts_frame(pairs: pl.DataFrame, verdicts: list[Verdict]) -> pl.DataFrame
                 "correct_at_1e4": verdict.correct_at_1e4,
                 "verifier_version": verdict.provenance.get("verifier_version"),
                 "gpu_name": verdict.provenance.get("gpu_name"),
-                "verdict_id": verdict_id(pair["uuid"], verdict),
+                "verdict_id": verdict_id(pair["uuid"], verdict.to_json()),
                 "verdict_json": verdict.to_json(),
             }
         )
