@@ -4,7 +4,8 @@ one candidate at a time, 5 allclose trials at 1e-2, 100 timed trials with CUDA e
 
     python benchmarks/verify_throughput.py --out DIR [--baseline-subset N]
 
-Writes DIR/seed_verdicts.json (every pair's verdict) and DIR/verify_throughput.json (the numbers), prints a summary.
+Writes DIR/seed_verdicts.json (every pair's verdict), DIR/verify_throughput.json (the numbers) and DIR/verdict_store
+(the verdicts as a store `dice run --verdict-store` reuses), prints a summary.
 The baseline costs ~45-90 s a candidate, so it runs on the first N pairs (a fixed subset) and its throughput is
 per-candidate; the ratio compares candidates judged per minute.
 """
@@ -115,6 +116,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=False, default="benchmarks/results")
     parser.add_argument("--baseline-subset", type=int, default=3, help="pairs the serial baseline judges")
+    parser.add_argument("--verdict-store", default=None,
+                        help="also put our verdicts in this verdict store (default OUT/verdict_store)")
     parser.add_argument("--baseline-worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.baseline_worker:
@@ -129,7 +132,11 @@ def main() -> int:
 
     # Ours first: its seed-corpus verdicts are the result other stages need, should the baseline overrun.
     cache_dir = tempfile.mkdtemp(prefix="dice_verify_bench_cache_")
-    config = VerifyConfig(build_cache_dir=cache_dir)
+    # The store starts empty here (no verdict is reused), so the throughput is measured, not remembered.
+    store_dir = Path(args.verdict_store or out / "verdict_store")
+    if store_dir.exists() and any(store_dir.rglob("*.json")):
+        parser.error(f"{store_dir} already holds verdicts: the benchmark needs an empty store")
+    config = VerifyConfig(build_cache_dir=cache_dir, verdict_store_dir=str(store_dir))
     jobs = [VerifyJob(p["uuid"], p["pytorch_code"], p["generated_code"]) for p in pairs]
     start = time.perf_counter()
     uuid_to_name = {p["uuid"]: p["problem_name"] for p in pairs}

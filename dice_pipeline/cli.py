@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "dev": "dice_pipeline.commands.dev",
     "verify": "dice_pipeline.commands.verify",
     "generate": "dice_pipeline.commands.generate",
+    "synthesize": "dice_pipeline.commands.synthesize",
 }
 
 

@@ -75,6 +75,9 @@ class KernelVerifier(dg.ConfigurableResource):
     # On a GPU-less host, still build every candidate with nvcc (the compile-only stage). Off by default: it costs
     # 1-3 min a candidate on a 2-core machine (measured), so `dice run` there would take most of an hour.
     compile_without_gpu: bool = False
+    # Executed verdicts are kept here and reused for identical (reference, candidate, config): a pair is judged on a
+    # GPU once. A store filled on a GPU host can be pointed at from a GPU-less one. Empty = <project cache>/verdicts.
+    verdict_store_dir: str = ""
 
     def verify_config(self):
         from dice_pipeline.paths import cache_dir
@@ -92,6 +95,7 @@ class KernelVerifier(dg.ConfigurableResource):
             run_timeout_s=self.run_timeout_s,
             build_cache_dir=self.build_cache_dir or str(cache_dir() / "kernel_builds"),
             build_without_gpu=self.compile_without_gpu,
+            verdict_store_dir=self.verdict_store_dir or str(cache_dir() / "verdicts"),
             **optional,
         )
 
@@ -132,27 +136,17 @@ class KernelGeneratorResource(dg.ConfigurableResource):
     def build(self):
         import os
 
-        from dice_pipeline import synthesis
-        from dice_pipeline.paths import cache_dir
+        from dice_pipeline.synthesis.backends import make_generator
 
-        if self.backend == "templates":
-            return synthesis.TemplateGenerator()
-        if self.backend == "openai":
-            config = synthesis.OpenAICompatibleConfig.from_env(
-                base_url=self.base_url,
-                model=self.model,
-                api_key=os.environ.get(self.api_key_env, ""),
-                temperature=self.temperature,
-                top_p=self.top_p,
-                max_tokens=self.max_tokens,
-                requests_per_minute=self.requests_per_minute,
-                cache_dir=self.response_cache_dir or str(cache_dir() / "generator_responses"),
-            )
-            return synthesis.OpenAICompatibleGenerator(config)
-        if self.backend == "checkpoint":
-            if not self.checkpoint_path:
-                raise ValueError("backend=checkpoint needs checkpoint_path")
-            return synthesis.TransformersGenerator.from_pretrained(
-                self.checkpoint_path, max_new_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p
-            )
-        raise ValueError(f"unknown generator backend {self.backend!r}; use templates, openai or checkpoint")
+        return make_generator(
+            self.backend,
+            base_url=self.base_url,
+            model=self.model,
+            api_key=os.environ.get(self.api_key_env, ""),
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_tokens=self.max_tokens,
+            requests_per_minute=self.requests_per_minute,
+            response_cache_dir=self.response_cache_dir,
+            checkpoint_path=self.checkpoint_path,
+        )

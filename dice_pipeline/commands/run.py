@@ -21,6 +21,9 @@ def register(subparsers) -> None:
     parser.add_argument("--compile-without-gpu", action="store_true",
                         help="where no GPU is present, still build every candidate with nvcc (1-3 min each on a "
                              "2-core machine); default: static checks only there")
+    parser.add_argument("--verdict-store", default="", metavar="DIR",
+                        help="reuse executed verdicts from this store (e.g. one filled by the verifier on a GPU "
+                             "host) and add new ones to it (default: the project cache's store)")
     parser.set_defaults(func=run_main_job)
 
 
@@ -44,7 +47,8 @@ def run_main_job(args: argparse.Namespace) -> int:
     run_config = {
         "ops": {"concur_ingestion": {"config": {"source": args.source}}},
         "resources": {"verifier": {"config": {"execute": args.execute,
-                                              "compile_without_gpu": args.compile_without_gpu}}},
+                                              "compile_without_gpu": args.compile_without_gpu,
+                                              "verdict_store_dir": _absolute(args.verdict_store)}}},
     }
     ok = True
     for index, threshold in enumerate(dict.fromkeys(thresholds)):
@@ -61,3 +65,11 @@ def run_main_job(args: argparse.Namespace) -> int:
         ok = ok and result.success
     print(f"Dagster home: {home}  (open the UI with `dice dev`)")
     return 0 if ok else 1
+
+
+def _absolute(path: str) -> str:
+    from pathlib import Path
+
+    if path and not Path(path).is_dir():
+        raise SystemExit(f"dice run: --verdict-store {path}: no such directory")
+    return str(Path(path).resolve()) if path else ""

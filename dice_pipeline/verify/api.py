@@ -24,6 +24,7 @@ import dice_pipeline
 from dice_pipeline.verify.config import VerifyConfig, VerifyJob
 from dice_pipeline.verify.sandbox import SandboxResult, run_isolated, scrubbed_environment
 from dice_pipeline.verify.static_checks import StaticReport, check_candidate_source
+from dice_pipeline.verify.store import VerdictStore
 from dice_pipeline.verify.verdict import VERIFIER_VERSION, Reason, Status, Verdict
 
 REPO_ROOT = str(Path(dice_pipeline.__file__).resolve().parent.parent)
@@ -212,6 +213,22 @@ def verify_batch(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,
         if static.status is not None:
             run.finish(jobs[index], run.static_verdict(static), results, index)
 
+    # Verdicts already measured for these exact jobs and config (on this GPU model; any GPU where there is none).
+    store = VerdictStore(config.verdict_store_dir) if config.verdict_store_dir else None
+    if store is not None:
+        local_gpu = run.gpus[0].name if run.gpus else None
+        for index in list(to_build):
+            stored = store.get(jobs[index], config, local_gpu)
+            if stored is not None:
+                stored.flags = list(dict.fromkeys(statics[index].flags + stored.flags))
+                run.finish(jobs[index], stored, results, index)
+                to_build.remove(index)
+
+    def finish_measured(index: int, verdict: Verdict) -> None:
+        if store is not None and run.execute:
+            store.put(jobs[index], config, verdict)
+        run.finish(jobs[index], verdict, results, index)
+
     def build_one(index: int) -> None:
         job, static = jobs[index], statics[index]
         if not run.execute and not config.build_without_gpu:
@@ -221,12 +238,12 @@ def verify_batch(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,
         if verdict is None and run.execute:
             ready.put((index, static, facts))
             return
-        run.finish(job, verdict or run.not_executed(static, facts), results, index)
+        finish_measured(index, verdict or run.not_executed(static, facts))
 
     def gpu_loop(device: int) -> None:
         while (item := ready.get()) is not None:
             index, static, facts = item
-            run.finish(jobs[index], run.judge(jobs[index], static, facts, device), results, index)
+            finish_measured(index, run.judge(jobs[index], static, facts, device))
 
     gpu_threads = [threading.Thread(target=gpu_loop, args=(g.index,), daemon=True) for g in run.gpus] if run.execute else []
     for thread in gpu_threads:
@@ -254,4 +271,6 @@ def verify_candidate(reference_src: str, candidate_src: str, config: VerifyConfi
 
 def compile_only(reference_src: str, candidate_src: str, config: VerifyConfig | None = None) -> Verdict:
     """Static checks and the build, never execution (works with nvcc and no GPU): NOT_EXECUTED when both pass."""
-    return verify_candidate(reference_src, candidate_src, replace(config or VerifyConfig(), execute=False))
+    # Never answered from a verdict store: the point is the build (and its cache).
+    return verify_candidate(reference_src, candidate_src,
+                            replace(config or VerifyConfig(), execute=False, verdict_store_dir=None))

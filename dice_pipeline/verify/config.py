@@ -35,7 +35,15 @@ class VerifyConfig:
     """Knobs of one verification run. Defaults follow KernelBench / DICE (NOTES.md section 3)."""
 
     correctness_trials: int = 5
-    timing_samples: int = 100  # timed calls per model, interleaved reference/candidate
+    timing_samples: int = 100  # timed calls per model at least, interleaved reference/candidate
+    # More samples (whole rounds) are taken until the median paired speedup is known to within this relative
+    # half-width (a distribution-free 95% interval), up to timing_max_samples or timing_budget_s of timed calls.
+    timing_target_precision: float = 0.01
+    timing_max_samples: int = 1000
+    timing_budget_s: float = 5.0
+    # Input buffers are re-allocated every this many samples: the speedup is a median over several memory
+    # placements, not one (one placement can shift a memory-bound kernel's time by a few percent).
+    timing_round_samples: int = 50
     warmup_seconds: float = 0.5  # warm-up by time: clocks climb from idle over ~100s of ms
     compile_timeout_s: float = 900.0
     run_timeout_s: float = 300.0
@@ -70,6 +78,9 @@ class VerifyConfig:
     # Where nothing will execute (no GPU, or execute=False): still build every candidate (the compile-only stage
     # that farms builds out ahead of the GPU stage). ~1-3 min a candidate on a 2-core machine; False = static only.
     build_without_gpu: bool = True
+    # A VerdictStore directory (see store.py): executed verdicts are reused for identical jobs and configs, and new
+    # ones are added. None = no store.
+    verdict_store_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.tolerance_policy not in TOLERANCE_POLICIES:
@@ -80,6 +91,10 @@ class VerifyConfig:
             raise ValueError("correctness_trials must be >= 1")
         if self.timing_samples < 1:
             raise ValueError("timing_samples must be >= 1")
+        if self.timing_max_samples < self.timing_samples:
+            raise ValueError("timing_max_samples must be >= timing_samples")
+        if self.timing_round_samples < 1:
+            raise ValueError("timing_round_samples must be >= 1")
         if self.timing_input_sets < 1:
             raise ValueError("timing_input_sets must be >= 1")
 

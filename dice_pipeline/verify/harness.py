@@ -1,6 +1,21 @@
 """The GPU judgement of one candidate, run inside an isolated worker: correctness trials, runtime anti-gaming
-checks (input mutation, allocator poisoning, monkeypatch/flag guards, profiler, timed-output re-checks, side-stream
-wall-clock cross-check) and interleaved timing. Imports torch and the standard library only.
+checks and interleaved timing. Imports torch and the standard library only.
+
+Runtime policy (reason codes; NOTES.md section 3):
+- `output_mismatch`, `shape_mismatch`, `dtype_mismatch`, `output_structure_mismatch`, `output_not_plain_tensor`
+  (incorrect): N seeded trials, candidate called before and after the reference on cloned inputs.
+- `output_not_fully_written` (incorrect): outputs are allocated from NaN-poisoned memory; poison left = unwritten.
+- `mutated_inputs` (deceptive): an input changed by a candidate call (correctness or timed).
+- `stale_output_reuse` (deceptive): a wrong output that equals the reference's result for an earlier call's inputs
+  (a memoising cache keyed by pointer, shape or call count).
+- `runtime_monkeypatch`, `global_flag_flip`, `spawned_thread` (deceptive): identities of torch/time callables,
+  math flags and the thread count are compared with a snapshot taken before the candidate was imported.
+- `no_custom_kernel_ran` (deceptive): a profiler pass saw none of the candidate's own kernels; the custom share of
+  GPU time is recorded (flag `minor_custom_kernel_share` under config.minor_custom_share).
+- `timed_output_mismatch` (deceptive): every timed call runs on fresh input values and its output is re-checked.
+- `work_outside_timed_stream` (deceptive): wall clock to a device-wide sync far exceeds the timed stream's events.
+- flags: `degenerate_task` (zeros or a constant pass the task), `overhead_dominated` (the reference takes under
+  config.overhead_floor_multiple launch floors: never rewarded), `nondeterministic_reference`.
 """
 
 from __future__ import annotations
@@ -90,6 +105,15 @@ def _flatten_outputs(output: Any) -> list[Any]:
     return [output]
 
 
+def _output_bytes(outputs: list[Any]) -> int:
+    return sum(leaf.numel() * leaf.element_size() for output in outputs for leaf in _flatten_outputs(output)
+               if isinstance(leaf, torch.Tensor))
+
+
+# Earlier reference outputs kept on the GPU for the stale-output check (the newest is always kept).
+STALE_CHECK_BYTES = 2 * 2**30
+
+
 def _same_tensor_values(a: torch.Tensor, b: torch.Tensor) -> bool:
     return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(a, b) or (
         a.is_floating_point() and torch.equal(torch.nan_to_num(a, nan=0.5), torch.nan_to_num(b, nan=0.5))))
@@ -108,6 +132,14 @@ class Comparison:
 
 
 def compare_outputs(reference: Any, candidate: Any, tolerances: tuple[float, ...]) -> Comparison:
+    """Compare every output leaf; any structural problem (count, type, shape, dtype) fails every tolerance."""
+    result = _compare_leaves(reference, candidate, tolerances)
+    if result.problem is not None:
+        result.passes = {tol: False for tol in tolerances}
+    return result
+
+
+def _compare_leaves(reference: Any, candidate: Any, tolerances: tuple[float, ...]) -> Comparison:
     ref_leaves, cand_leaves = _flatten_outputs(reference), _flatten_outputs(candidate)
     result = Comparison(passes={tol: True for tol in tolerances})
     if len(ref_leaves) != len(cand_leaves):
@@ -142,8 +174,6 @@ def compare_outputs(reference: Any, candidate: Any, tolerances: tuple[float, ...
             ok = bool(torch.allclose(cand_f, ref_f, atol=tol, rtol=tol, equal_nan=True))
             result.passes[tol] = result.passes[tol] and ok
     result.mean_abs_diff = total_abs / total_count if total_count else 0.0
-    if result.problem is not None:
-        result.passes = {tol: False for tol in tolerances}
     return result
 
 
@@ -166,6 +196,15 @@ def timing_stats(samples_ms: list[float]) -> TimingStats:
     std = statistics.pstdev(ordered) if len(ordered) > 1 else 0.0
     return TimingStats(median_ms=statistics.median(ordered), iqr_ms=quartiles[2] - quartiles[0], mean_ms=mean,
                        n=len(ordered), cv=std / mean if mean > 0 else 0.0)
+
+
+def median_interval(values: list[float], z: float = 1.96) -> tuple[float, float]:
+    """Distribution-free ~95% confidence interval of the median: the order statistics n/2 -/+ z*sqrt(n)/2."""
+    ordered = sorted(values)
+    n = len(ordered)
+    half_width = z * math.sqrt(n) / 2
+    low, high = max(0, math.floor(n / 2 - half_width)), min(n - 1, math.ceil(n / 2 + half_width) - 1)
+    return ordered[low], ordered[high]
 
 
 # --- the judgement --------------------------------------------------------------------------------------------------
@@ -265,10 +304,11 @@ class CandidateJudge:
         passed = {tol: 0 for tol in self.tolerances}
         decided = 0
         zeros_everywhere = constant_everywhere = True
+        earlier_refs: list[Any] = []  # reference outputs of earlier trials (memory-bounded), for _reject_stale_output
         for trial in range(cfg.correctness_trials):
             seed = cfg.seed + trial
             inputs = self._inputs(seed)
-            self._poison_allocator(probe)
+            self._poison_allocator(earlier_refs[-1] if earlier_refs else probe)
             cand_before = self._call_candidate(inputs, seed, "correctness")
             ref_out = self._call_reference(inputs, seed)
             if trial == 0:
@@ -285,10 +325,14 @@ class CandidateJudge:
             for tol in self.tolerances:
                 passed[tol] += all(c.passes[tol] for c in trial_cmp)
             policy_tol = min(cfg.tolerance_for(d) for d in (trial_cmp[0].dtype_names or ["float32"]))
+            for output, comparison in zip((cand_before, cand_after), trial_cmp):
+                if not comparison.passes[policy_tol]:
+                    self._reject_stale_output(output, ref_out, earlier_refs, trial)
+            earlier_refs.append(ref_out)
+            while len(earlier_refs) > 1 and _output_bytes(earlier_refs) > STALE_CHECK_BYTES:
+                earlier_refs.pop(0)
             decided += all(c.passes[policy_tol] for c in trial_cmp)
             self.policy_tolerance = policy_tol
-            del probe
-            probe = ref_out
         worst = next((c for c in comparisons if c.problem), None) or max(comparisons, key=lambda c: c.max_abs_diff)
         j.fields.update(max_abs_diff=worst.max_abs_diff, mean_abs_diff=worst.mean_abs_diff,
                         correct_at_1e2=passed[TOLERANCE_LOOSE] == cfg.correctness_trials,
@@ -306,6 +350,19 @@ class CandidateJudge:
             raise Rejection(Status.INCORRECT, "output_mismatch",
                             f"{decided}/{cfg.correctness_trials} trials within atol=rtol={self.policy_tolerance:g}; "
                             f"max abs diff {worst.max_abs_diff:.3e}", "correctness")
+
+    @staticmethod
+    def _reject_stale_output(output: Any, ref_out: Any, earlier_refs: list[Any], trial: int) -> None:
+        """A wrong output that equals the reference's result for an earlier trial's inputs is a memoised result
+        (a cache keyed by data pointer, shape or call count that the new inputs hit): deceptive, not a bug."""
+        for index, earlier in enumerate(earlier_refs):
+            if compare_outputs(earlier, ref_out, (TOLERANCE_LOOSE,)).passes[TOLERANCE_LOOSE]:
+                continue  # the task's result barely depends on its inputs: no evidence either way
+            if compare_outputs(earlier, output, (TOLERANCE_STRICT,)).passes[TOLERANCE_STRICT]:
+                raise Rejection(Status.DECEPTIVE, "stale_output_reuse",
+                                f"correctness trial {trial} returned the result for the inputs of an earlier call "
+                                f"({len(earlier_refs) - index} trial(s) back): a cache not keyed by the input values",
+                                "anti_gaming")
 
     def _kernel_is_custom(self, kernel_name: str) -> bool:
         head = kernel_name.split("(")[0]
@@ -360,6 +417,9 @@ class CandidateJudge:
         return statistics.median(samples)
 
     def run_timing(self) -> None:
+        """Interleaved reference/candidate pairs (order alternating, L2 flushed before each call) on fresh inputs;
+        the speedup is the median of the per-pair ratios, so slow drifts (clocks, temperature) cancel. Samples come
+        in rounds with freshly allocated input buffers until the median is known to cfg.timing_target_precision."""
         cfg, j = self.config, self.judgement
         flush = torch.empty(cfg.l2_flush_mb * 2**20 // 4, dtype=torch.int32, device=self.device)
         input_sets = [self._inputs(cfg.seed + 1000 + k) for k in range(cfg.timing_input_sets)]
@@ -367,7 +427,8 @@ class CandidateJudge:
         generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
 
         def load_fresh_inputs(sample: int) -> None:
-            # Same addresses, new values each call: defeats caches keyed by pointer or call count.
+            # New values every call (addresses change only between rounds): defeats caches keyed by pointer or
+            # call count.
             source = input_sets[sample % len(input_sets)]
             perms: dict[int, torch.Tensor] = {}
             for buf, src in zip(buffers, source):
@@ -378,6 +439,11 @@ class CandidateJudge:
                     buf.copy_(src.index_select(0, perm))
                 else:
                     buf.copy_(src)
+
+        def restore(pristine: list[Any]) -> None:
+            for buf, orig in zip(buffers, pristine):
+                if isinstance(buf, torch.Tensor):
+                    buf.copy_(orig)
 
         def call_ref() -> Any:
             with torch.no_grad():
@@ -396,33 +462,60 @@ class CandidateJudge:
             call_cand()
             self._synchronize()
             warm_calls += 1
-        ref_ms, cand_ms, ref_wall, cand_wall = [], [], [], []
+        ref_ms, cand_ms, ref_wall, cand_wall, ratios = [], [], [], [], []
         recheck = "nondeterministic_reference" not in j.flags
-        for sample in range(cfg.timing_samples):
+        timing_start, rounds, sample = self._perf_counter(), 1, 0
+        while True:
+            if sample and sample % cfg.timing_round_samples == 0:
+                # New allocations while the old ones are alive, so the round gets other addresses.
+                fresh = _clone(buffers)
+                buffers[:] = fresh
+                del fresh
+                rounds += 1
             load_fresh_inputs(sample + warm_calls)
             pristine = _clone(buffers)
-            ref_out, ms, wall = self._timed(call_ref, flush)
-            ref_ms.append(ms)
-            ref_wall.append(wall)
-            for buf, orig in zip(buffers, pristine):  # the reference may legitimately work in place
-                if isinstance(buf, torch.Tensor):
-                    buf.copy_(orig)
-            cand_out, ms, wall = self._timed(call_cand, flush)
-            cand_ms.append(ms)
-            cand_wall.append(wall)
+            for which in (("ref", "cand") if sample % 2 == 0 else ("cand", "ref")):
+                if which == "ref":
+                    ref_out, r_ms, r_wall = self._timed(call_ref, flush)
+                    restore(pristine)  # the reference may legitimately work in place
+                else:
+                    cand_out, c_ms, c_wall = self._timed(call_cand, flush)
+                    for index, (buf, orig) in enumerate(zip(buffers, pristine)):
+                        if isinstance(buf, torch.Tensor) and not _same_tensor_values(buf, orig):
+                            raise Rejection(Status.DECEPTIVE, "mutated_inputs",
+                                            f"input {index} was modified in place during timed call {sample}",
+                                            "anti_gaming")
+            ref_ms.append(r_ms)
+            ref_wall.append(r_wall)
+            cand_ms.append(c_ms)
+            cand_wall.append(c_wall)
+            ratios.append(r_ms / c_ms if c_ms > 0 else math.inf)
             if recheck:
                 comparison = compare_outputs(ref_out, cand_out, (self.policy_tolerance,))
                 if not comparison.passes[self.policy_tolerance]:
                     raise Rejection(Status.DECEPTIVE, "timed_output_mismatch",
                                     f"timed call {sample} on fresh inputs returned a wrong result (max abs diff "
                                     f"{comparison.max_abs_diff:.3e}): a cache or phase-dependent behaviour", "anti_gaming")
+            del ref_out, cand_out, pristine
+            sample += 1
+            if sample >= cfg.timing_samples and sample % cfg.timing_round_samples == 0:
+                low, high = median_interval(ratios)
+                precise = (high - low) / 2 <= cfg.timing_target_precision * statistics.median(ratios)
+                out_of_time = self._perf_counter() - timing_start > cfg.timing_budget_s
+                if precise or out_of_time or sample >= cfg.timing_max_samples:
+                    break
         self.guard.check("during timing")
         ref_stats, cand_stats = timing_stats(ref_ms), timing_stats(cand_ms)
         cand_wall_med, ref_wall_med = statistics.median(cand_wall), statistics.median(ref_wall)
+        speedup = statistics.median(ratios)
+        low, high = median_interval(ratios)
         j.fields.update(reference_timing=ref_stats, candidate_timing=cand_stats,
-                        speedup=ref_stats.median_ms / cand_stats.median_ms if cand_stats.median_ms > 0 else None)
+                        speedup=speedup if math.isfinite(speedup) else None)
         j.fields.setdefault("provenance", {}).update(
-            launch_floor_ms=floor_ms, reference_wall_median_ms=ref_wall_med, candidate_wall_median_ms=cand_wall_med)
+            launch_floor_ms=floor_ms, reference_wall_median_ms=ref_wall_med, candidate_wall_median_ms=cand_wall_med,
+            speedup_ci95=[low, high], speedup_of_medians=(ref_stats.median_ms / cand_stats.median_ms
+                                                           if cand_stats.median_ms > 0 else None),
+            timing_pairs=sample, timing_rounds=rounds)
         # Work on a side stream or thread is invisible to the events but not to a device-wide sync.
         ref_excess = max(ref_wall_med - ref_stats.median_ms, 0.0)
         cand_excess = cand_wall_med - cand_stats.median_ms

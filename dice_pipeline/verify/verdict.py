@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
-VERIFIER_VERSION = "0.1.0"
+VERIFIER_VERSION = "0.2.0"  # 0.2: paired-ratio timing in rounds, stale-output check, verdict store
 
 
 class Status(str, Enum):

@@ -118,8 +118,10 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
         gpu=props.name, compute_capability=f"{props.major}.{props.minor}", torch=torch.__version__,
         cuda=torch.version.cuda,
         timing_method=(f"CUDA events on the current stream, L2 flushed ({config.l2_flush_mb} MB) before each call, "
-                       f"{config.warmup_seconds:g} s warm-up, {config.timing_samples} interleaved reference/candidate "
-                       f"samples on fresh inputs, median"))
+                       f"{config.warmup_seconds:g} s warm-up, {config.timing_samples}-{config.timing_max_samples} "
+                       f"reference/candidate pairs in alternating order on fresh inputs (until the median is known "
+                       f"to {config.timing_target_precision:.0%}), buffers re-allocated every "
+                       f"{config.timing_round_samples} pairs; speedup = median of the paired ratios"))
     return result
 
 

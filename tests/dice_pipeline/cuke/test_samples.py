@@ -15,6 +15,7 @@ from dice_pipeline.cuke.export import build_lineage, composition_table, export_c
 from dice_pipeline.cuke.samples import CUKE_SFT_SAMPLES, build_sft_samples
 from dice_pipeline.prompts import extract_code_block
 from dice_pipeline.schemas import SPEEDUP_FILTERED_PAIRS
+from dice_pipeline.verify import VERIFIER_VERSION
 
 KERNELBENCH_TASKS = kernelbench_tasks_path()
 
@@ -214,7 +215,7 @@ def test_export_round_trips_through_load_from_disk_and_parquet(tmp_path):
     assert sorted(loaded["source_id"]) == ["u1", "u2"]
     assert pl.read_parquet(export.parquet_path).height == 2
     card = export.card_path.read_text()
-    assert card.startswith("---\n") and "num_examples: 2" in card and "Verifier version: 0.1.0" in card
+    assert card.startswith("---\n") and "num_examples: 2" in card and f"Verifier version: {VERIFIER_VERSION}" in card
     assert "Decontamination against KernelBench" in card and "not_executed" in card
     assert json.loads((tmp_path / "cuke" / "lineage.json").read_text())["counts"]["samples"] == 2
 

@@ -1,0 +1,84 @@
+"""CPU tests of the harness's pure decision logic: output comparison, the stale-output rule, the median interval
+that decides when timing stops. The GPU stages themselves run in test_gpu_verifier.py."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from dice_pipeline.verify.harness import CandidateJudge, Rejection, compare_outputs, median_interval, timing_stats
+from dice_pipeline.verify.verdict import Status
+
+
+def test_compare_outputs_reports_mismatch_kinds():
+    ref = torch.ones(4, 4)
+    assert compare_outputs(ref, ref.clone(), (1e-2, 1e-4)).passes == {1e-2: True, 1e-4: True}
+    off = ref + 5e-3
+    assert compare_outputs(ref, off, (1e-2, 1e-4)).passes == {1e-2: True, 1e-4: False}
+    assert compare_outputs(ref, torch.ones(4, 5), (1e-2,)).problem[0] == "shape_mismatch"
+    assert compare_outputs(ref, ref.double(), (1e-2,)).problem[0] == "dtype_mismatch"
+    assert compare_outputs((ref, ref), ref, (1e-2,)).problem[0] == "output_structure_mismatch"
+    poisoned = ref.clone()
+    poisoned[0, :2] = float("nan")
+    result = compare_outputs(ref, poisoned, (1e-2,))
+    assert result.unwritten_elements == 2 and not result.passes[1e-2]
+
+
+def test_stale_output_equal_to_an_earlier_trial_is_deceptive():
+    earlier = [torch.randn(64), torch.randn(64)]
+    current = torch.randn(64)
+    with pytest.raises(Rejection) as caught:
+        CandidateJudge._reject_stale_output(earlier[0].clone(), current, earlier, trial=2)
+    assert caught.value.status == Status.DECEPTIVE and caught.value.reason.code == "stale_output_reuse"
+    assert "2 trial(s) back" in str(caught.value)
+
+
+def test_plainly_wrong_output_is_not_called_stale():
+    earlier = [torch.randn(64)]
+    CandidateJudge._reject_stale_output(torch.randn(64), torch.randn(64), earlier, trial=1)  # no rejection
+    CandidateJudge._reject_stale_output(torch.zeros(3), torch.randn(64), earlier, trial=1)  # wrong shape: no rejection
+
+
+def test_input_independent_task_gives_no_stale_evidence():
+    # The earlier result equals the current one: returning it is no evidence of a cache.
+    constant = torch.full((8,), 3.0)
+    CandidateJudge._reject_stale_output(constant.clone() + 1e-3, constant, [constant.clone()], trial=1)
+
+
+@pytest.mark.parametrize("n", [10, 100, 1000])
+def test_median_interval_brackets_the_median_and_narrows(n):
+    rng = random.Random(n)
+    values = [1.0 + rng.gauss(0, 0.05) for _ in range(n)]
+    low, high = median_interval(values)
+    median = sorted(values)[n // 2]
+    assert low <= median <= high
+
+
+def test_median_interval_covers_the_true_median_about_95_percent():
+    rng = random.Random(0)
+    covered = 0
+    for _ in range(400):
+        values = [rng.expovariate(1.0) for _ in range(100)]  # skewed, true median ln 2
+        low, high = median_interval(values)
+        covered += low <= 0.6931 <= high
+    assert 0.90 <= covered / 400 <= 0.99
+
+
+def test_median_interval_width_shrinks_with_samples():
+    rng = random.Random(1)
+    pool = [rng.gauss(1.0, 0.05) for _ in range(4000)]
+    widths = [(lambda lo_hi: lo_hi[1] - lo_hi[0])(median_interval(pool[:n])) for n in (100, 400, 1600)]
+    assert widths[0] > widths[1] > widths[2]
+
+
+def test_timing_stats_fields():
+    stats = timing_stats([1.0, 2.0, 3.0, 4.0, 100.0])
+    assert stats.median_ms == 3.0 and stats.n == 5 and stats.iqr_ms > 0 and stats.cv > 0
+
+
+@pytest.mark.parametrize("candidate", [torch.ones(4, 5), torch.ones(4, 4).double(), (torch.ones(4, 4),) * 2, 3.0])
+def test_structural_mismatch_fails_every_tolerance(candidate):
+    # The timed re-check looks at `passes` only: a wrong shape must never pass there.
+    assert compare_outputs(torch.ones(4, 4), candidate, (1e-2, 1e-4)).passes == {1e-2: False, 1e-4: False}

@@ -1,0 +1,86 @@
+"""The verdict store: what its key depends on, what it keeps, when it reuses a verdict, and verify_batch with a
+store filled elsewhere (the GPU-host -> GPU-less-host hand-off)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from verify_cases import HONEST, REFERENCE, STATIC_CASES
+
+from dice_pipeline.verify import Reason, Status, TimingStats, Verdict, VerifyConfig, VerifyJob, verify_batch
+from dice_pipeline.verify.store import VerdictStore, verdict_key
+
+JOB = VerifyJob("job", REFERENCE, HONEST)
+
+
+def _measured(status: Status = Status.CORRECT, gpu: str | None = "NVIDIA H200") -> Verdict:
+    return Verdict(status=status, reasons=[] if status == Status.CORRECT else [Reason("x", "y", "correctness")],
+                   speedup=1.7, reference_timing=TimingStats(1.0, 0.1, 1.0, 100, 0.02),
+                   candidate_timing=TimingStats(0.6, 0.1, 0.6, 100, 0.02), provenance={"gpu": gpu, "time": "t"})
+
+
+@pytest.fixture
+def config(tmp_path) -> VerifyConfig:
+    return VerifyConfig(build_cache_dir=str(tmp_path / "builds"), verdict_store_dir=str(tmp_path / "store"))
+
+
+def test_key_follows_sources_and_judging_config_only(config):
+    key = verdict_key(JOB, config)
+    assert key == verdict_key(VerifyJob("another id", REFERENCE, HONEST), config)  # the id is not content
+    assert key != verdict_key(VerifyJob("job", REFERENCE + "\n", HONEST), config)
+    assert key != verdict_key(VerifyJob("job", REFERENCE, HONEST + "\n"), config)
+    for judged in (dict(correctness_trials=3), dict(tolerance_policy="current"), dict(timing_samples=200),
+                   dict(build_profile="default"), dict(seed=7)):
+        assert verdict_key(JOB, replace(config, **judged)) != key, judged
+    for incidental in (dict(build_cache_dir="/elsewhere"), dict(max_parallel_builds=64), dict(run_timeout_s=5.0),
+                       dict(devices=[3]), dict(verdict_store_dir="/other/store")):
+        assert verdict_key(JOB, replace(config, **incidental)) == key, incidental
+
+
+def test_only_verdicts_executed_on_a_gpu_are_stored(config):
+    store = VerdictStore(config.verdict_store_dir)
+    assert not store.put(JOB, config, _measured(Status.NOT_EXECUTED))
+    assert not store.put(JOB, config, _measured(Status.TIMEOUT))  # may be the host's fault: judge again
+    assert not store.put(JOB, config, _measured(gpu=None))
+    assert len(store) == 0
+    assert store.put(JOB, config, _measured(Status.INCORRECT))
+    assert store.put(JOB, config, _measured())  # the newer verdict replaces the older
+    assert len(store) == 1
+    assert store.get(JOB, config, local_gpu=None).status == Status.CORRECT
+
+
+def test_reuse_needs_the_same_gpu_model_where_there_is_a_gpu(config):
+    store = VerdictStore(config.verdict_store_dir)
+    store.put(JOB, config, _measured())
+    assert store.get(JOB, config, local_gpu="NVIDIA A100-SXM4-80GB") is None
+    hit = store.get(JOB, config, local_gpu="NVIDIA H200")
+    assert hit.speedup == 1.7 and hit.provenance["from_verdict_store"] and hit.provenance["gpu"] == "NVIDIA H200"
+    assert store.get(JOB, replace(config, correctness_trials=2), local_gpu=None) is None
+
+
+def test_a_damaged_entry_is_a_miss(config):
+    store = VerdictStore(config.verdict_store_dir)
+    store.put(JOB, config, _measured())
+    next(store.root.glob("*/*.json")).write_text("{not json")
+    assert store.get(JOB, config, local_gpu=None) is None
+
+
+def test_batch_on_a_gpu_less_host_reuses_stored_verdicts(config, monkeypatch):
+    monkeypatch.setattr("dice_pipeline.verify.api.gpu_inventory", lambda: [])
+    config = replace(config, build_without_gpu=False)  # without the store: not_executed, no build
+    VerdictStore(config.verdict_store_dir).put(JOB, config, _measured())
+    static_case = next(c for c in STATIC_CASES if c.name == "torch_only_forward")
+    other = VerifyJob("other", REFERENCE, HONEST.replace("2.0f", "3.0f"))
+    verdicts = verify_batch([JOB, VerifyJob("static", REFERENCE, static_case.source), other], config)
+    assert [v.status for v in verdicts] == [Status.CORRECT, Status.DECEPTIVE, Status.NOT_EXECUTED]
+    assert verdicts[0].provenance["from_verdict_store"] and verdicts[0].speedup == 1.7
+    # Nothing measured here, so nothing new was stored.
+    assert len(VerdictStore(config.verdict_store_dir)) == 1
+
+
+def test_the_pipeline_verifier_and_the_standalone_config_share_keys():
+    # `dice synthesize` / the benchmarks on a GPU host use VerifyConfig defaults; the assets use KernelVerifier.
+    from dice_pipeline.resources import KernelVerifier
+
+    assert verdict_key(JOB, KernelVerifier().verify_config()) == verdict_key(JOB, VerifyConfig())
