@@ -37,7 +37,7 @@ def verdicts_frame(pairs: pl.DataFrame, verdicts: list[Verdict]) -> pl.DataFrame
                 "correct_at_1e2": verdict.correct_at_1e2,
                 "correct_at_1e4": verdict.correct_at_1e4,
                 "verifier_version": verdict.provenance.get("verifier_version"),
-                "gpu_name": verdict.provenance.get("gpu_name"),
+                "gpu_name": verdict.provenance.get("gpu"),
                 "verdict_id": verdict_id(pair["uuid"], verdict.to_json()),
                 "verdict_json": verdict.to_json(),
             }
