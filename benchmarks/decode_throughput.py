@@ -2,16 +2,25 @@
 batch 1 and 16, plus static block decoding (the published anchor: dynamic is 1.8-3.2x faster than static).
 
 A realistic confidence profile needs a trained model, so this script first trains one: a byte-level BPE and a
-`small` block-diffusion model (8 layers, d=512) trained for --train-seconds on Python source code found on the
-machine (by default the installed torch package's own .py files; no data is downloaded). Prompts are the first
---prompt-tokens tokens of held-out files. EOS stopping is off so every decoder writes the same number of tokens.
+`small` block-diffusion model (8 layers, d=512) trained for --train-seconds with the block-diffusion objective only
+(no AR loss) on Python source code found on the machine, no data downloaded. The default corpus is the installed
+`transformers` package's .py files: low-entropy code (its model files share much copied code), so a model trained
+for minutes gets confident enough to commit several tokens a forward; `--corpus <torch dir>` gives harder text.
+Files identical to another are dropped; prompts are the first --prompt-tokens tokens of held-out files (never
+trained on, picked by a seeded shuffle). EOS stopping is off so every decoder writes the same number of tokens.
+Decoding steps are CUDA graphs for every decoder (`--also-eager` adds eager runs). Every ratio is against the AR
+decoder measured in the same process.
 
-    python benchmarks/decode_throughput.py --train-seconds 90
+    python benchmarks/decode_throughput.py --json decode.json     # H200: about 3.5 minutes (150 s of training)
+    python benchmarks/decode_throughput.py --device cpu --preset tiny --train-seconds 5 --corpus-mb 0.3 \
+        --new-tokens 16 --batch-sizes 1 2 --repeats 1 --vocab-size 512 --window 128   # CPU dry run
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
 import json
 import random
 import time
@@ -21,20 +30,31 @@ from pathlib import Path
 import torch
 
 from training.configuration_sdar import preset_config
+from training.diffusion import block_diffusion_loss, build_attention_mask, pack_block_diffusion
 from training.generate import autoregressive_generate, block_diffusion_generate
 from training.modeling_sdar import SDARForCausalLM
 from training.sft import SFTConfig, text_windows, train_block_diffusion
 from training.tokenizer import train_bpe_tokenizer
 
 
-def read_code_corpus(root: Path, max_bytes: int, seed: int = 0) -> list[str]:
-    files = sorted(root.rglob("*.py"))
+def default_corpus() -> Path:
+    import transformers
+
+    return Path(transformers.__file__).parent
+
+
+def read_code_corpus(roots: list[Path], max_bytes: int, seed: int = 0) -> list[str]:
+    """Up to `max_bytes` of .py files under `roots`, in a seeded random order; files under 2 kB and files identical
+    to one already read are skipped (so no held-out file is a copy of a trained one)."""
+    files = sorted(path for root in roots for path in root.rglob("*.py"))
     random.Random(seed).shuffle(files)
-    texts, total = [], 0
+    texts, seen, total = [], set(), 0
     for path in files:
         text = path.read_text(encoding="utf-8", errors="replace")
-        if len(text) < 2000:  # tiny files (__init__ stubs) carry little code
+        digest = hashlib.sha1(text.encode()).hexdigest()
+        if len(text) < 2000 or digest in seen:  # tiny files (__init__ stubs) carry little code
             continue
+        seen.add(digest)
         texts.append(text)
         total += len(text)
         if total >= max_bytes:
@@ -56,15 +76,26 @@ def timed(fn, repeats: int, device: torch.device):
     return (time.perf_counter() - started) / repeats, result
 
 
+def heldout_loss(model, windows, device, block_size: int, mask_token_id: int) -> float:
+    """Block-diffusion loss on held-out windows with fixed noise (how confident the model is where it decodes)."""
+    batch = pack_block_diffusion(windows, mask_token_id, block_size, 8 * windows[0].input_ids.numel(),
+                                 torch.Generator().manual_seed(0)).to(device)
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+        return block_diffusion_loss(model, batch, build_attention_mask(batch, "dense")).item()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--corpus", type=Path, default=Path(torch.__file__).parent)
-    parser.add_argument("--corpus-mb", type=float, default=8.0)
+    parser.add_argument("--corpus", type=Path, nargs="+", default=None,
+                        help="folders of .py files (default: the installed transformers package)")
+    parser.add_argument("--corpus-mb", type=float, default=24.0)
     parser.add_argument("--vocab-size", type=int, default=8192)
     parser.add_argument("--preset", default="small")
-    parser.add_argument("--train-seconds", type=float, default=90.0)
+    parser.add_argument("--train-seconds", type=float, default=150.0)
     parser.add_argument("--window", type=int, default=512)
-    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--rows-per-step", type=int, default=8, help="training batch: rows of 8 x --window tokens")
+    parser.add_argument("--lr", type=float, default=1e-3, help="peak; cosine decay to a tenth over the run")
+    parser.add_argument("--warmup-steps", type=int, default=50)
     parser.add_argument("--block-size", type=int, default=4)
     parser.add_argument("--steps", type=int, default=4, help="denoising steps a block (static schedule)")
     parser.add_argument("--threshold", type=float, default=0.9)
@@ -72,6 +103,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--also-eager", action="store_true", help="also time every decoder without CUDA graphs")
     parser.add_argument("--save-model", type=Path, default=None, help="save the trained model + tokenizer here")
     parser.add_argument("--json", default=None)
     parser.add_argument("--device", default="cuda", help="cpu only for a dry run of the script")
@@ -81,27 +113,37 @@ def main() -> None:
     torch.manual_seed(0)
 
     started = time.perf_counter()
-    texts = read_code_corpus(args.corpus, int(args.corpus_mb * 2**20))
+    corpus = args.corpus or [default_corpus()]
+    texts = read_code_corpus(corpus, int(args.corpus_mb * 2**20))
     held_out = min(32, len(texts) // 4)  # prompts come from files the model never trained on
     heldout_texts, train_texts = texts[:held_out], texts[held_out:]
     tokenizer = train_bpe_tokenizer(train_texts, vocab_size=args.vocab_size)
     windows = text_windows(tokenizer, train_texts, args.window)
-    print(f"corpus: {len(texts)} files, {sum(map(len, texts)) / 2**20:.1f} MiB from {args.corpus}; tokenizer "
-          f"{len(tokenizer)} tokens; {len(windows)} windows of {args.window} ({time.perf_counter() - started:.0f}s)")
+    heldout_windows = text_windows(tokenizer, heldout_texts, args.window)[:16]
+    corpus_line = (f"{len(texts)} distinct .py files, {sum(map(len, texts)) / 2**20:.1f} MiB from "
+                   f"{', '.join(map(str, corpus))} ({held_out} held out)")
+    print(f"corpus: {corpus_line}; tokenizer {len(tokenizer)} tokens; {len(windows)} windows of {args.window} "
+          f"({time.perf_counter() - started:.0f}s)", flush=True)
 
     config = preset_config(args.preset, vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
                            block_size=args.block_size, eos_token_id=tokenizer.eos_token_id,
                            pad_token_id=tokenizer.pad_token_id)
     model = SDARForCausalLM(config).to(device)
+    loss_before = heldout_loss(model, heldout_windows, device, args.block_size, config.mask_token_id)
     history = train_block_diffusion(model, windows, SFTConfig(
-        learning_rate=args.lr, warmup_ratio=0.02, epochs=100, max_seconds=args.train_seconds, rows_per_step=4,
-        row_length=8 * args.window,
+        learning_rate=args.lr, warmup_steps=args.warmup_steps, final_lr_ratio=0.1, epochs=1000,
+        max_seconds=args.train_seconds, rows_per_step=args.rows_per_step, row_length=8 * args.window,
         attention_backend="dense"))  # dense SDPA: no compile time eaten out of the short training budget
     trained_tokens = sum(r["clean_tokens"] for r in history)
-    print(f"trained {args.preset} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params) for "
-          f"{len(history)} steps, {trained_tokens / 1e6:.1f}M clean tokens, {history[-1]['seconds']:.0f}s; "
-          f"loss {history[0]['loss']:.2f} -> {sum(r['loss'] for r in history[-20:]) / len(history[-20:]):.2f} "
-          f"(mean of the last 20 steps)")
+    train_loss = sum(r["loss"] for r in history[-20:]) / len(history[-20:])
+    loss_after = heldout_loss(model, heldout_windows, device, args.block_size, config.mask_token_id)
+    epochs = trained_tokens / max(1, len(windows) * args.window)
+    model_line = (f"{args.preset} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), block-diffusion "
+                  f"loss only, lr {args.lr:g} cosine to {args.lr / 10:g}, {len(history)} steps, "
+                  f"{trained_tokens / 1e6:.1f}M clean tokens ({epochs:.1f} epochs), "
+                  f"{history[-1]['seconds']:.0f}s")
+    print(f"trained {model_line}; train loss {history[0]['loss']:.2f} -> {train_loss:.2f} (mean of the last 20 "
+          f"steps); held-out loss {loss_before:.2f} -> {loss_after:.2f}", flush=True)
     model = model.to(torch.bfloat16).eval()
     if args.save_model:
         model.save_pretrained(args.save_model)
@@ -110,48 +152,70 @@ def main() -> None:
     prompts_all = [tokenizer(text, add_special_tokens=False)["input_ids"][: args.prompt_tokens]
                    for text in heldout_texts]
     common = dict(pad_token_id=tokenizer.pad_token_id)
-    decoders = {
-        "autoregressive": lambda p: autoregressive_generate(model, p, args.new_tokens, **common),
-        "static": lambda p: block_diffusion_generate(model, p, args.new_tokens, strategy="static",
-                                                     steps=args.steps, **common),
-        "dynamic": lambda p: block_diffusion_generate(model, p, args.new_tokens, strategy="dynamic",
-                                                      steps=args.steps, threshold=args.threshold, **common),
+    block = dict(steps=args.steps, threshold=args.threshold, **common)
+    decoders = {  # name -> decode(prompts, cuda_graph, graphs)
+        "autoregressive": lambda p, g, graphs: autoregressive_generate(model, p, args.new_tokens, cuda_graph=g,
+                                                                      graphs=graphs, **common),
+        "static": lambda p, g, graphs: block_diffusion_generate(model, p, args.new_tokens, strategy="static",
+                                                                cuda_graph=g, graphs=graphs, **block),
+        "dynamic": lambda p, g, graphs: block_diffusion_generate(model, p, args.new_tokens, strategy="dynamic",
+                                                                 cuda_graph=g, graphs=graphs, **block),
     }
-    print(f"{device_name} | torch {torch.__version__} | bf16 | block {args.block_size}, "
-          f"{args.steps} steps, threshold {args.threshold} | {args.new_tokens} new tokens, prompts of "
-          f"{args.prompt_tokens} tokens | eager (no CUDA graphs)")
-    results = []
+    modes = [True, False] if args.also_eager and device.type == "cuda" else [True]
+    graph_note = "CUDA graphs" if device.type == "cuda" else "eager (CPU)"
+    print(f"{device_name} | torch {torch.__version__} | bf16 | block {args.block_size}, {args.steps} steps, "
+          f"threshold {args.threshold} | {args.new_tokens} new tokens, prompts of {args.prompt_tokens} tokens | "
+          f"{graph_note}", flush=True)
+    results, ratios = [], []
     for batch_size in args.batch_sizes:
         prompts = prompts_all[:batch_size]
-        speeds, outputs = {}, {}
-        for name, decode in decoders.items():
-            decode(prompts)  # warm-up (allocator, kernels)
-            seconds, result = timed(lambda: decode(prompts), args.repeats, device)
-            speeds[name] = batch_size * args.new_tokens / seconds
-            outputs[name] = result.tokens
-            results.append(dict(batch=batch_size, decoder=name, tokens_per_s=round(speeds[name], 1),
-                                forwards=result.num_forwards,
-                                tokens_per_forward=round(batch_size * args.new_tokens / result.num_forwards, 2),
-                                ms_per_forward=round(1000 * seconds / result.num_forwards, 2)))
-            print(f"batch {batch_size:2d} {name:14s} {speeds[name]:9.1f} tok/s  {result.num_forwards:4d} forwards  "
-                  f"{1000 * seconds / result.num_forwards:.2f} ms/forward", flush=True)
-        agreement = (outputs["dynamic"] == outputs["static"]).float().mean().item()
-        print(f"batch {batch_size:2d} ratios: dynamic/AR {speeds['dynamic'] / speeds['autoregressive']:.2f}x  "
-              f"static/AR {speeds['static'] / speeds['autoregressive']:.2f}x  "
-              f"dynamic/static {speeds['dynamic'] / speeds['static']:.2f}x  "
-              f"(dynamic output equals static on {agreement:.1%} of tokens)", flush=True)
-        results.append(dict(batch=batch_size, dynamic_vs_ar=speeds["dynamic"] / speeds["autoregressive"],
-                            static_vs_ar=speeds["static"] / speeds["autoregressive"],
-                            dynamic_vs_static=speeds["dynamic"] / speeds["static"], token_agreement=agreement))
+        if len(prompts) < batch_size:
+            print(f"batch {batch_size}: only {len(prompts)} held-out prompts; skipped")
+            continue
+        for graphed in modes:
+            mode = "graph" if graphed and device.type == "cuda" else "eager"
+            speeds, outputs = {}, {}
+            for name, decode in decoders.items():
+                graphs: dict = {}  # the warm-up call captures the graphs, the timed calls replay them
+                run_once = functools.partial(decode, prompts, graphed, graphs)
+                run_once()
+                seconds, result = timed(run_once, args.repeats, device)
+                speeds[name] = batch_size * args.new_tokens / seconds
+                outputs[name] = result.tokens
+                results.append(dict(batch=batch_size, mode=mode, decoder=name, tokens_per_s=round(speeds[name], 1),
+                                    forwards=result.num_forwards,
+                                    tokens_per_forward=round(args.new_tokens / result.num_forwards, 2),
+                                    ms_per_forward=round(1000 * seconds / result.num_forwards, 3)))
+                print(f"batch {batch_size:2d} {mode:5s} {name:14s} {speeds[name]:9.1f} tok/s  "
+                      f"{result.num_forwards:4d} forwards ({args.new_tokens / result.num_forwards:.2f} tokens a row "
+                      f"a forward)  {1000 * seconds / result.num_forwards:.3f} ms/forward", flush=True)
+            agreement = {pair: round((outputs[pair[0]] == outputs[pair[1]]).float().mean().item(), 3)
+                         for pair in (("dynamic", "static"), ("dynamic", "autoregressive"),
+                                      ("static", "autoregressive"))}
+            summary = dict(batch=batch_size, mode=mode,
+                           dynamic_vs_ar=round(speeds["dynamic"] / speeds["autoregressive"], 3),
+                           static_vs_ar=round(speeds["static"] / speeds["autoregressive"], 3),
+                           dynamic_vs_static=round(speeds["dynamic"] / speeds["static"], 3),
+                           agreement={f"{a}={b}": value for (a, b), value in agreement.items()})
+            ratios.append(summary)
+            print(f"batch {batch_size:2d} {mode:5s} ratios: dynamic/AR {summary['dynamic_vs_ar']:.2f}x  "
+                  f"static/AR {summary['static_vs_ar']:.2f}x  dynamic/static {summary['dynamic_vs_static']:.2f}x  "
+                  f"| same token as: " + ", ".join(f"{a}~{b} {v:.1%}" for (a, b), v in agreement.items()),
+                  flush=True)
     sample = block_diffusion_generate(model, prompts_all[:1], 96, strategy="dynamic", threshold=args.threshold,
                                       **common)
     print("--- dynamic sample continuation of held-out prompt 0:\n" + tokenizer.decode(sample.tokens[0]))
+    print(f"total {time.perf_counter() - started:.0f}s")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(dict(when=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                            device=device_name, torch=torch.__version__,
-                           args={k: str(v) for k, v in vars(args).items()}, train_steps=len(history),
-                           train_clean_tokens=trained_tokens, results=results), handle, indent=2)
+                           args={k: str(v) for k, v in vars(args).items()}, corpus=corpus_line, model=model_line,
+                           train_steps=len(history), train_clean_tokens=trained_tokens,
+                           train_loss_first=history[0]["loss"], train_loss_last20=train_loss,
+                           heldout_loss_before=loss_before, heldout_loss_after=loss_after,
+                           results=results, ratios=ratios, seconds=round(time.perf_counter() - started)),
+                      handle, indent=2)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,11 @@ cross-entropy at masked answer positions, with no logit shift. Samples are packe
 
 Exact savings over the naive layout, none of which change the loss: a noisy block with no masked token (all prompt,
 or no token drawn) is left out, since nothing attends to it and it scores nothing; the LM head is applied only to
-the scored positions. The same `mask_mod` builds the dense CPU mask and the flex `BlockMask`.
+the scored positions. The same `mask_mod` builds the dense CPU mask and is evaluated by flex inside its partial
+tiles; the flex `BlockMask` itself (which 128x128 tiles are empty, partial or full) is computed from the packed layout
+in O(row length) instead of evaluating the mask over the whole grid. Tile-aware packing (`tile=128`) tops each noisy
+run up to a whole number of tiles with unscored noisy blocks (exact, like dropping them) and starts every segment on a
+tile boundary, so the mask's block structure lines up with flex's tiles and fewer tiles are partial.
 """
 
 from __future__ import annotations
@@ -83,21 +87,51 @@ def noise_sample(sample: TokenizedSample, block_size: int, generator: torch.Gene
     return NoisySegment(sample, t, masked, torch.nonzero(scored_blocks[blocks]).flatten())
 
 
+def align_noisy_run(segment: NoisySegment, block_size: int, tile: int) -> NoisySegment:
+    """Top the kept noisy blocks up to a whole number of `tile`-token tiles with unscored noisy blocks (exact: they
+    score nothing and nothing attends to them). The gaps between kept blocks are filled first, in order, so each
+    tile of the noisy run spans as few clean blocks as possible; then blocks after the last kept one, then before."""
+    length = segment.sample.input_ids.numel()
+    if tile % block_size or length % block_size:
+        return segment  # blocks cannot tile exactly; leave the run as it is
+    kept_blocks = torch.unique(segment.noisy_positions // block_size)
+    missing = (-kept_blocks.numel() * block_size) % tile // block_size
+    if missing == 0 or kept_blocks.numel() == 0:
+        return segment
+    dropped = torch.ones(length // block_size, dtype=torch.bool)
+    dropped[kept_blocks] = False
+    candidates = torch.nonzero(dropped).flatten()
+    first = int(kept_blocks[0])
+    order = torch.cat((candidates[candidates > first], candidates[candidates < first].flip(0)))
+    blocks = torch.sort(torch.cat((kept_blocks, order[:missing]))).values
+    positions = (blocks[:, None] * block_size + torch.arange(block_size)).flatten()
+    return NoisySegment(segment.sample, segment.t, segment.masked, positions)
+
+
 def pack_segments(segments: Sequence[NoisySegment], mask_token_id: int, block_size: int, row_length: int,
-                  max_rows: int | None = None, pad_token_id: int = 0):
+                  max_rows: int | None = None, pad_token_id: int = 0, tile: int | None = None):
     """Pack segments into rows of `row_length` tokens, first-fit by decreasing length (little padding, since
     dropping blocks makes segment lengths vary). With `max_rows`, segments that do not fit are returned, still
     noised, for the next batch (re-noising them would bias t towards the short segments that fit).
 
+    With `tile` (flex's 128), tile-aware packing: noisy runs are topped up to whole tiles (`align_noisy_run`) and
+    every segment starts on a tile boundary (padding after a clean copy whose length is not a multiple of `tile`).
+
     Returns (batch, leftover segments)."""
+    if tile:
+        segments = [align_noisy_run(s, block_size, tile) for s in segments]
+
+    def footprint(segment: NoisySegment) -> int:
+        return -(-segment.length // tile) * tile if tile else segment.length
+
     rows: list[list[NoisySegment]] = []
     free: list[int] = []
     leftover: list[NoisySegment] = []
-    for segment in sorted(segments, key=lambda s: s.length, reverse=True):
+    for segment in sorted(segments, key=footprint, reverse=True):
         if segment.length > row_length:
             raise ValueError(f"a segment needs {segment.length} tokens, more than row_length={row_length}; "
                              f"truncate samples to at most {row_length // 2} tokens")
-        row = next((i for i, space in enumerate(free) if space >= segment.length), None)
+        row = next((i for i, space in enumerate(free) if space >= min(footprint(segment), row_length)), None)
         if row is None and (max_rows is None or len(rows) < max_rows):
             rows.append([])
             free.append(row_length)
@@ -106,7 +140,7 @@ def pack_segments(segments: Sequence[NoisySegment], mask_token_id: int, block_si
             leftover.append(segment)
             continue
         rows[row].append(segment)
-        free[row] -= segment.length
+        free[row] -= min(footprint(segment), row_length)
     if max_rows is not None:
         rows.extend([] for _ in range(max_rows - len(rows)))
 
@@ -140,6 +174,8 @@ def pack_segments(segments: Sequence[NoisySegment], mask_token_id: int, block_si
                     batch["loss_weights"][row_index, span] = scored.float() / segment.t
                 cursor += positions.numel()
             segment_id += 1
+            if tile:
+                cursor = -(-cursor // tile) * tile
     packed = [segment.sample for row in rows for segment in row]
     scored_index = torch.nonzero(batch["targets"].flatten() != IGNORE_INDEX).flatten()
     return BlockDiffusionBatch(
@@ -160,10 +196,11 @@ def pack_block_diffusion(
     drop_unscored_blocks: bool = True,
     eps: float = 1e-3,
     pad_token_id: int = 0,
+    tile: int | None = None,
 ) -> BlockDiffusionBatch:
     """Noise every sample and pack all of them (as many rows as needed). A segment longer than a row is an error."""
     segments = [noise_sample(s, block_size, generator, drop_unscored_blocks, eps) for s in samples]
-    batch, _ = pack_segments(segments, mask_token_id, block_size, row_length, pad_token_id=pad_token_id)
+    batch, _ = pack_segments(segments, mask_token_id, block_size, row_length, pad_token_id=pad_token_id, tile=tile)
     return batch
 
 
@@ -195,8 +232,100 @@ def dense_mask_from_mask_mod(mask_mod, batch_size: int, length: int, device) -> 
                     positions[None, None, None, :])
 
 
-def build_attention_mask(batch: BlockDiffusionBatch, backend: str = "auto"):
-    """The attention mask for a packed batch: `flex` (a BlockMask; the GPU default), or `dense` (bool tensor)."""
+def visible_key_intervals(batch: BlockDiffusionBatch, block_size: int) -> torch.Tensor:
+    """The keys each position may see, as two intervals of row indices, [R, C, 2 (intervals), 2 (start, end)]:
+    a clean token sees its clean copy up to the end of its block; a noisy token its own noisy block and the clean
+    copy before its block; padding only itself. Equals the mask_mod for any layout that `pack_segments` builds
+    (each clean copy contiguous and in order, each noisy block contiguous). Adjacent intervals are merged."""
+    segment, block, noisy = batch.segment_ids, batch.block_ids, batch.is_noisy
+    rows, length = segment.shape
+    index = torch.arange(length, device=segment.device).expand(rows, length)
+    real, sample = segment >= 0, segment.clamp(min=0)
+
+    def first_and_end(keys, selected, size):
+        """Per key, the first row index of the selected positions and one past the last."""
+        keys = torch.where(selected, keys, size).flatten()  # the rest go to a spare slot
+        first = index.new_full((size + 1,), length).scatter_reduce(0, keys, index.flatten(), "amin")
+        last = index.new_full((size + 1,), -1).scatter_reduce(0, keys, index.flatten(), "amax")
+        return first, last + 1
+
+    # Segment ids are unique over the batch, so they (and segment x block) index tables over all rows.
+    clean_first, clean_end = first_and_end(sample, real & ~noisy, batch.num_samples)
+    clean_first, clean_end = clean_first[sample], clean_end[sample]
+    block_key = sample * (length // block_size + 1) + block
+    noisy_first, noisy_end = first_and_end(block_key, real & noisy, batch.num_samples * (length // block_size + 1))
+    noisy_first, noisy_end = noisy_first[block_key], noisy_end[block_key]
+
+    clean_upto = torch.minimum(clean_first + (block + 1) * block_size, clean_end)
+    first = torch.stack((torch.where(noisy, noisy_first, clean_first), torch.where(noisy, noisy_end, clean_upto)), -1)
+    earlier_clean = clean_first + torch.where(noisy, block * block_size, 0)  # clean tokens: an empty interval
+    second = torch.stack((clean_first, earlier_clean), -1)
+    itself = torch.stack((index, index + 1), -1)
+    first = torch.where(real[..., None], first, itself)
+    second = torch.where(real[..., None], second, itself[..., :1])
+    # The last noisy block of a segment sits right before its clean copy: one interval, so a tile can be full.
+    touching = (first[..., 1] == second[..., 0]) & (second[..., 1] > second[..., 0])
+    first = torch.where(touching[..., None], torch.stack((first[..., 0], second[..., 1]), -1), first)
+    second = torch.where(touching[..., None], second[..., :1], second)
+    return torch.stack((first, second), -2)
+
+
+def tile_structure(batch: BlockDiffusionBatch, block_size: int, tile: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+    """(partial, full): bool [R, C/tile, C/tile] over flex's tiles (query tile, key tile). A tile is full when
+    every query in it sees every key in it, partial when some (but not all) pairs are visible, else empty.
+
+    Counted per query from its two key intervals with difference arrays, so the cost is O(R x C + R x (C/tile)^2),
+    not the O(R x C^2) of evaluating the mask on the grid."""
+    rows, length = batch.segment_ids.shape
+    if length % tile:
+        raise ValueError(f"row length {length} must be a multiple of the tile size {tile}")
+    tiles = length // tile
+    intervals = visible_key_intervals(batch, block_size)  # [R, C, 2, 2]
+    start, end = intervals[..., 0], intervals[..., 1]
+    device = start.device
+    # Flat index of (row, query tile) for every (position, interval); edges index the key tiles of that line.
+    line = (torch.arange(rows, device=device)[:, None] * tiles + torch.arange(length, device=device) // tile)
+    line = line[..., None].expand_as(start)
+
+    def tiles_covered(low, high):
+        """How many (query, interval) pairs of each query tile have each key tile in [low, high). Empty intervals
+        go to a spare column (no boolean indexing: that would sync with the GPU)."""
+        counts = torch.zeros(rows * tiles, tiles + 1, dtype=torch.int32, device=device)
+        empty = (high <= low) | (end <= start)
+        for edge, sign in ((low, 1), (high, -1)):
+            edge = torch.where(empty, tiles, edge)
+            counts.view(-1).scatter_add_(0, (line * (tiles + 1) + edge).flatten(),
+                                         torch.full((edge.numel(),), sign, dtype=torch.int32, device=device))
+        return counts.cumsum(-1)[:, :tiles].view(rows, tiles, tiles)
+
+    touched = tiles_covered(start // tile, (end - 1) // tile + 1) > 0
+    full = tiles_covered(-(-start // tile), end // tile) == tile  # every query of the tile covers the key tile
+    return touched & ~full, full
+
+
+def block_mask_from_layout(batch: BlockDiffusionBatch, block_size: int, tile: int = 128):
+    """The flex `BlockMask` of a packed batch, built from its layout (see `tile_structure`): the same tile sets as
+    `create_block_mask(mask_mod, ...)` gives, without evaluating mask_mod on the C x C grid."""
+    from torch.nn.attention.flex_attention import BlockMask
+
+    partial, full = tile_structure(batch, block_size, tile)
+
+    def as_indices(tiles_present):
+        # Present tiles first, in increasing order (stable sort), as create_block_mask lays them out.
+        order = torch.argsort(tiles_present.to(torch.int8), dim=-1, descending=True, stable=True)
+        return tiles_present.sum(-1, dtype=torch.int32)[:, None], order.to(torch.int32)[:, None]
+
+    length = batch.input_ids.shape[1]
+    mask_mod = block_diffusion_mask_mod(batch.segment_ids, batch.block_ids, batch.is_noisy)
+    return BlockMask.from_kv_blocks(*as_indices(partial), *as_indices(full), BLOCK_SIZE=tile, mask_mod=mask_mod,
+                                    seq_lengths=(length, length))
+
+
+def build_attention_mask(batch: BlockDiffusionBatch, backend: str = "auto", block_size: int | None = None):
+    """The attention mask for a packed batch: `flex` (a BlockMask; the GPU default), or `dense` (bool tensor).
+
+    With `block_size` (and a row length that is a multiple of 128), the flex BlockMask is built from the layout
+    (`block_mask_from_layout`); without, by `create_block_mask` evaluating the mask_mod tile by tile."""
     if backend == "auto":
         backend = "flex" if batch.input_ids.is_cuda else "dense"
     mask_mod = block_diffusion_mask_mod(batch.segment_ids, batch.block_ids, batch.is_noisy)
@@ -204,6 +333,8 @@ def build_attention_mask(batch: BlockDiffusionBatch, backend: str = "auto"):
     if backend == "dense":
         return dense_mask_from_mask_mod(mask_mod, rows, length, batch.input_ids.device)
     if backend == "flex":
+        if block_size is not None and length % 128 == 0:
+            return block_mask_from_layout(batch, block_size)
         from torch.nn.attention.flex_attention import create_block_mask
 
         # Compiled mask building evaluates the mask tile by tile instead of materialising rows x L x L.

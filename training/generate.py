@@ -5,6 +5,10 @@ of the same model. Both take a batch of prompts of different lengths (left-padde
 One decoding forward covers [previous block, current block]: the previous block, now final, rewrites its keys/values
 in the cache while the current block is denoised against it. This folds SDAR's extra "commit" forward per block
 into the next block's first denoising step, so a block costs exactly its denoising steps.
+
+Every decoding step of either decoder has fixed shapes (`StaticDecodingForward`: a few query tokens against the
+whole preallocated cache), so on CUDA it is captured once as a CUDA graph and replayed; an eager forward of a small
+model at batch 1 is launch-bound. On the CPU the same code runs eagerly.
 """
 
 from __future__ import annotations
@@ -59,6 +63,80 @@ def model_logits(model, ids: torch.Tensor, key_valid: torch.Tensor, start: int, 
         return model(ids[:, :end], attention_mask=mask).logits[:, start:]
     mask = block_causal_mask(key_valid, start, end, block_size)
     return model(ids[:, start:end], attention_mask=mask, cache=cache, cache_start=start).logits
+
+
+class StaticDecodingForward:
+    """A decoding step of fixed shape: `width` query tokens at given positions against all `total` cached positions
+    (the block-causal mask hides keys not written yet), writing their keys/values into the cache, then
+    `head(logits, ids, step_arg)` (the decoder's sampling and commit rule; `step_arg` is an int it needs per step).
+
+    On CUDA (unless `cuda_graph=False`) the first call captures the step in a CUDA graph (the head too when
+    `head_in_graph`: not for seeded random sampling) and later calls replay it, so a step is one launch. The graph
+    reads its inputs from and writes its outputs to fixed buffers: what a call returns is valid until the next call.
+    `prefill` runs a forward of any width eagerly and returns its logits."""
+
+    def __init__(self, model, key_valid: torch.Tensor, block_size: int, width: int, head: Callable,
+                 head_in_graph: bool = True, cuda_graph: bool = True):
+        batch, total = key_valid.shape
+        device = key_valid.device
+        self.model, self.block_size, self.head, self.head_in_graph = model, block_size, head, head_in_graph
+        self.cache = KVCache(model.config, batch, total, device, next(model.parameters()).dtype)
+        self.key_valid = key_valid.clone()
+        self.ids = torch.zeros(batch, width, dtype=torch.long, device=device)
+        self.positions = torch.zeros(width, dtype=torch.long, device=device)
+        self.step_arg = torch.zeros((), dtype=torch.long, device=device)
+        self.use_graph = cuda_graph and key_valid.is_cuda
+        self.graph, self.outputs = None, None
+
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        key = torch.arange(self.key_valid.shape[1], device=ids.device)
+        visible = (key // self.block_size <= positions[:, None] // self.block_size) & self.key_valid[:, None, None, :]
+        mask = visible | (key == positions[:, None])  # a padding query sees itself rather than nothing
+        return self.model(ids, attention_mask=mask, cache=self.cache, cache_start=positions).logits
+
+    def prefill(self, ids: torch.Tensor, start: int) -> torch.Tensor:
+        return self.forward(ids, torch.arange(start, start + ids.shape[1], device=ids.device))
+
+    def _step(self, ids, positions, step_arg):
+        logits = self.forward(ids, positions)
+        return self.head(logits, ids, step_arg) if self.head_in_graph else logits
+
+    def __call__(self, ids: torch.Tensor, start: int, step_arg: int = 0):
+        positions = torch.arange(start, start + ids.shape[1], device=ids.device)
+        if not self.use_graph:
+            return self.head(self.forward(ids, positions), ids, step_arg)
+        self.ids.copy_(ids)
+        self.positions.copy_(positions)
+        self.step_arg.fill_(step_arg)
+        if self.graph is None:
+            # Warm up on a side stream (as CUDA graph capture requires), then capture. The warm-up runs compute
+            # exactly what the replay below computes (same inputs, same cache), so they change nothing.
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self._step(self.ids, self.positions, self.step_arg)
+            torch.cuda.current_stream().wait_stream(stream)
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.outputs = self._step(self.ids, self.positions, self.step_arg)
+        self.graph.replay()
+        return self.outputs if self.head_in_graph else self.head(self.outputs, ids, step_arg)
+
+
+def _static_forward(model, key_valid, block_size: int, width: int, head: Callable, head_key: tuple,
+                    head_in_graph: bool, cuda_graph: bool, graphs: dict | None) -> StaticDecodingForward:
+    """A `StaticDecodingForward`, reused from `graphs` (a dict the caller keeps across calls) when one with the same
+    shapes and head (`head_key` describes it) exists: every key a step reads is written earlier in the same call,
+    so a reused cache needs no reset."""
+    if graphs is None:
+        return StaticDecodingForward(model, key_valid, block_size, width, head, head_in_graph, cuda_graph)
+    key = (id(model), tuple(key_valid.shape), block_size, width, head_key, head_in_graph, cuda_graph)
+    if key not in graphs:
+        graphs[key] = StaticDecodingForward(model, key_valid, block_size, width, head, head_in_graph, cuda_graph)
+    graphs[key].key_valid.copy_(key_valid)
+    graphs[key].head = head  # this call's sampler (a captured head is fixed by head_key)
+    return graphs[key]
 
 
 def sample_tokens(logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0, top_p: float = 1.0,
@@ -129,13 +207,16 @@ def block_diffusion_generate(
     pad_token_id: int = 0,
     mask_token_id: int | None = None,
     use_cache: bool = True,
+    cuda_graph: bool = True,
+    graphs: dict | None = None,
     generator: torch.Generator | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> GenerationResult:
     """Semi-autoregressive block decoding (SDAR): blocks of `block_size` start all-MASK and are denoised in at most
     `steps` forwards each. `static` commits the scheduled number of most confident tokens a step; `dynamic` also
     commits every token above `threshold` (so a block may finish in fewer steps). Stops at EOS or max_new_tokens.
-    `progress(n)` is called with the number of tokens each finished block adds."""
+    `progress(n)` is called with the number of tokens each finished block adds. On CUDA the steps replay a CUDA
+    graph (`cuda_graph=False`: eager); pass the same `graphs` dict to later calls of the same shapes to reuse it."""
     config = model.config
     block_size = block_size or config.block_size
     steps = min(steps or block_size, block_size)
@@ -155,34 +236,49 @@ def block_diffusion_generate(
     unmask_steps = torch.full((batch, total), -1, dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     eos_tensor = torch.tensor(eos_ids, dtype=torch.long, device=device)
-    cache = KVCache(config, batch, total, device, next(model.parameters()).dtype) if use_cache else None
+
+    def denoise(logits, window, commit_count):
+        """One denoising step of the block (the window's last block_size tokens): (new block, committed)."""
+        block, logits = window[:, -block_size:], logits[:, -block_size:]
+        logits[..., mask_token_id] = float("-inf")  # the model must never "predict" the noise token
+        tokens, confidence = sample_tokens(logits, temperature, top_k, top_p, generator)
+        still_masked = block == mask_token_id
+        confidence = confidence.masked_fill(~still_masked, float("-inf"))
+        # The commit_count most confident, by rank rather than topk: the count may be a tensor (one graph, all steps).
+        rank = torch.argsort(torch.argsort(confidence, dim=-1, descending=True, stable=True), dim=-1, stable=True)
+        commit = rank < commit_count
+        if strategy == "dynamic":
+            commit |= confidence > threshold
+        commit &= still_masked
+        return torch.where(commit, tokens, block), commit
+
+    step_forward = None
+    if use_cache:  # each step: [previous block, current block], always 2 x block_size queries
+        step_forward = _static_forward(model, key_valid, block_size, 2 * block_size, denoise,
+                                       ("block", strategy, threshold, mask_token_id), temperature <= 0, cuda_graph,
+                                       graphs)
 
     num_forwards = 0
     previous_start = prompt_length - block_size
     if use_cache and previous_start > 0:
-        model_logits(model, ids, key_valid, 0, previous_start, block_size, cache)  # prefill all but the last block
+        step_forward.prefill(ids[:, :previous_start], 0)  # prefill all but the last prompt block
         num_forwards += 1
     for block_index in range(num_blocks):
         start = prompt_length + block_index * block_size
         end = start + block_size
         block = ids[:, start:end]  # a view: commits land in `ids`
-        block[finished] = pad_token_id  # rows past their EOS ride along with nothing to decode
+        block.masked_fill_(finished[:, None], pad_token_id)  # rows past their EOS ride along, decoding nothing
         for step in range(steps):
-            still_masked = block == mask_token_id
-            if not bool(still_masked.any()):
-                break
-            logits = model_logits(model, ids, key_valid, previous_start, end, block_size, cache)[:, -block_size:]
-            logits[..., mask_token_id] = float("-inf")  # the model must never "predict" the noise token
-            tokens, confidence = sample_tokens(logits, temperature, top_k, top_p, generator)
-            confidence = confidence.masked_fill(~still_masked, float("-inf"))
-            most_confident = torch.topk(confidence, schedule[step], dim=-1).indices
-            commit = torch.zeros_like(still_masked).scatter_(1, most_confident, True)
-            if strategy == "dynamic":
-                commit |= confidence > threshold
-            commit &= still_masked
-            block[commit] = tokens[commit]
-            unmask_steps[:, start:end][commit] = num_forwards
+            if use_cache:
+                new_block, commit = step_forward(ids[:, previous_start:end], previous_start, schedule[step])
+            else:
+                logits = model_logits(model, ids, key_valid, previous_start, end, block_size, None)
+                new_block, commit = denoise(logits, ids[:, previous_start:end], schedule[step])
+            block.copy_(new_block)  # torch.where/masked_fill, not boolean indexing, which waits for the GPU
+            unmask_steps[:, start:end].masked_fill_(commit, num_forwards)
             num_forwards += 1
+            if step + 1 < steps and not bool((block == mask_token_id).any()):  # the one sync a step
+                break
         previous_start = start
         if progress is not None:
             progress(block_size)
@@ -205,10 +301,13 @@ def autoregressive_generate(
     top_p: float = 1.0,
     eos_token_id: int | Sequence[int] | None = None,
     pad_token_id: int = 0,
+    cuda_graph: bool = True,
+    graphs: dict | None = None,
     generator: torch.Generator | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> GenerationResult:
-    """KV-cached next-token decoding (position i's logits predict token i + 1): one token a forward."""
+    """KV-cached next-token decoding (position i's logits predict token i + 1): one token a forward. On CUDA the
+    steps after the prompt replay a CUDA graph, as in `block_diffusion_generate`."""
     device = next(model.parameters()).device
     eos_ids = _eos_ids(eos_token_id)
     prompt_length = max(len(p) for p in prompts)
@@ -218,16 +317,20 @@ def autoregressive_generate(
     unmask_steps = torch.full((batch, max_new_tokens), -1, dtype=torch.long, device=device)
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     eos_tensor = torch.tensor(eos_ids, dtype=torch.long, device=device)
-    cache = KVCache(model.config, batch, total, device, next(model.parameters()).dtype)
 
-    start = 0
+    def next_token(logits, window, unused_step_arg):
+        return sample_tokens(logits[:, -1], temperature, top_k, top_p, generator)[0]
+
+    step_forward = _static_forward(model, key_valid, 1, 1, next_token, ("autoregressive",), temperature <= 0,
+                                   cuda_graph, graphs)
     for index in range(max_new_tokens):
         end = prompt_length + index
-        logits = model_logits(model, ids, key_valid, start, end, 1, cache)[:, -1]
-        tokens, _ = sample_tokens(logits, temperature, top_k, top_p, generator)
+        if index == 0:
+            tokens = next_token(step_forward.prefill(ids[:, :end], 0), None, 0)
+        else:  # the token written last step
+            tokens = step_forward(ids[:, end - 1:end], end - 1)
         ids[:, end] = torch.where(finished, pad_token_id, tokens)
         unmask_steps[:, index] = index
-        start = end
         if progress is not None:
             progress(1)
         if eos_ids:

@@ -84,7 +84,10 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class KVCache:
     """Preallocated keys/values per layer, [B, Hkv, max_length, D]. A forward writes its tokens' keys/values at
     `start` and attends over everything up to its end; which of those keys a query may see is the mask's job, so
-    the decoder can overwrite a block's provisional (noisy) keys with its final ones by simply writing again."""
+    the decoder can overwrite a block's provisional (noisy) keys with its final ones by simply writing again.
+
+    `start` may also be a tensor of the positions written: then the forward attends over the whole cache (its mask
+    hides what is not written yet), so every decoding step has the same shapes and can be a CUDA graph."""
 
     def __init__(self, config: SDARConfig, batch_size: int, max_length: int, device, dtype) -> None:
         shape = (batch_size, config.num_key_value_heads, max_length, config.head_dim)
@@ -92,7 +95,11 @@ class KVCache:
         self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(config.num_hidden_layers)]
         self.max_length = max_length
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int):
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int | torch.Tensor):
+        if isinstance(start, torch.Tensor):
+            self.keys[layer].index_copy_(2, start, k)
+            self.values[layer].index_copy_(2, start, v)
+            return self.keys[layer], self.values[layer]
         end = start + k.shape[-2]
         if end > self.max_length:
             raise ValueError(f"KV cache of length {self.max_length} cannot hold positions up to {end}")
@@ -117,7 +124,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
             self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
 
-    def forward(self, x, cos, sin, mask, cache: KVCache | None, cache_start: int) -> torch.Tensor:
+    def forward(self, x, cos, sin, mask, cache: KVCache | None, cache_start) -> torch.Tensor:
         batch, length, _ = x.shape
         q = self.q_proj(x).view(batch, length, self.num_heads, self.head_dim)
         k = self.k_proj(x).view(batch, length, self.num_kv_heads, self.head_dim)
@@ -189,10 +196,11 @@ class SDARModel(SDARPreTrainedModel):
         self.embed_tokens = value
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, attention_mask=None,
-                cache: KVCache | None = None, cache_start: int = 0) -> ModelOutput:
+                cache: KVCache | None = None, cache_start: int | torch.Tensor = 0) -> ModelOutput:
         batch, length = input_ids.shape
-        if position_ids is None:
-            position_ids = torch.arange(cache_start, cache_start + length, device=input_ids.device).expand(batch, -1)
+        if position_ids is None:  # positions follow the cache slot written (a tensor: the slots themselves)
+            position_ids = (cache_start if isinstance(cache_start, torch.Tensor) else
+                            torch.arange(cache_start, cache_start + length, device=input_ids.device)).expand(batch, -1)
         mask = _as_attention_mask(attention_mask, length, cache_start)
         x = self.embed_tokens(input_ids)
         cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta, x.dtype)
@@ -240,7 +248,7 @@ class SDARForCausalLM(SDARPreTrainedModel):
         self.lm_head = value
 
     def forward(self, input_ids: torch.Tensor, attention_mask=None, position_ids: torch.Tensor | None = None,
-                cache: KVCache | None = None, cache_start: int = 0, logits_to_keep: int = 0,
+                cache: KVCache | None = None, cache_start: int | torch.Tensor = 0, logits_to_keep: int = 0,
                 **unused) -> CausalLMOutputWithPast:
         """Logits for every position (or the last `logits_to_keep`). No shift: in block diffusion position i's
         logits predict the token at position i; an autoregressive caller reads position i's logits for i + 1."""

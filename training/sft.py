@@ -68,8 +68,8 @@ def text_windows(tokenizer, texts: Iterable[str], window: int) -> list[Tokenized
     scored (how SDAR converts a pretrained autoregressive model)."""
     separator = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     stream: list[int] = []
-    for text in texts:
-        stream.extend(tokenizer(text, add_special_tokens=False)["input_ids"] + [separator])
+    for ids in tokenizer(list(texts), add_special_tokens=False)["input_ids"]:  # one batched call: runs in parallel
+        stream.extend(ids + [separator])
     return [TokenizedSample(torch.tensor(stream[i:i + window]), torch.ones(window, dtype=torch.bool))
             for i in range(0, len(stream) - window + 1, window)]
 
@@ -78,6 +78,7 @@ def text_windows(tokenizer, texts: Iterable[str], window: int) -> list[Tokenized
 class SFTConfig:
     learning_rate: float = 1e-5
     warmup_ratio: float = 0.03
+    warmup_steps: int | None = None  # overrides warmup_ratio (time-boxed runs do not know their step count)
     epochs: int = 3
     max_steps: int | None = None  # stop early
     max_seconds: float | None = None  # stop after this much training time (time-boxed runs)
@@ -89,6 +90,10 @@ class SFTConfig:
     seed: int = 0
     attention_backend: str = "auto"  # "dense" (CPU), "flex" (GPU), "auto" picks by device
     drop_unscored_blocks: bool = True
+    tile: int | None = None  # 128: tile-aware packing for flex attention (exact; see diffusion.pack_segments)
+    # After warm-up, cosine decay to this fraction of the learning rate over the run (its steps, or max_seconds
+    # when set); 1.0 keeps it constant (DICE's recipe). Short time-boxed runs reach a lower loss with decay.
+    final_lr_ratio: float = 1.0
 
 
 def block_diffusion_batches(samples: Sequence[TokenizedSample], config: SFTConfig, block_size: int,
@@ -104,7 +109,7 @@ def block_diffusion_batches(samples: Sequence[TokenizedSample], config: SFTConfi
 
     def pack() -> BlockDiffusionBatch:
         batch, pending[:] = pack_segments(pending, mask_token_id, block_size, config.row_length,
-                                          max_rows=config.rows_per_step)
+                                          max_rows=config.rows_per_step, tile=config.tile)
         return batch
 
     for epoch in range(config.epochs):
@@ -138,10 +143,20 @@ def train_block_diffusion(
     total_steps = steps_per_epoch * config.epochs  # an estimate with token budgets; only sets the warm-up length
     if config.max_steps is not None:
         total_steps = min(total_steps, config.max_steps)
-    warmup_steps = max(1, round(config.warmup_ratio * total_steps))
+    warmup_steps = config.warmup_steps or max(1, round(config.warmup_ratio * total_steps))
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, betas=(0.9, 0.95),
                                   weight_decay=config.weight_decay, fused=device.type == "cuda")
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup_steps))
+
+    def set_learning_rate(step: int, seconds: float) -> float:
+        """Linear warm-up over `warmup_steps`, then constant, or a cosine decay to `final_lr_ratio` over the run."""
+        progress = seconds / config.max_seconds if config.max_seconds else step / max(total_steps, 1)
+        decay = config.final_lr_ratio + (1 - config.final_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1)))
+        lr = config.learning_rate * min(1.0, (step + 1) / warmup_steps) * decay
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    set_learning_rate(0, 0.0)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
     model.train()
@@ -151,13 +166,14 @@ def train_block_diffusion(
             block_diffusion_batches(samples, config, model.config.block_size, model.config.mask_token_id), 1):
         batch = batch.to(device)
         with autocast:
-            loss = block_diffusion_loss(model, batch, build_attention_mask(batch, config.attention_backend))
+            mask = build_attention_mask(batch, config.attention_backend, block_size=model.config.block_size)
+            loss = block_diffusion_loss(model, batch, mask)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
         optimizer.step()
-        schedule.step()
-        record = dict(step=step, epoch=epoch, loss=loss.item(), lr=schedule.get_last_lr()[0],
+        next_lr = set_learning_rate(step, time.perf_counter() - started)
+        record = dict(step=step, epoch=epoch, loss=loss.item(), lr=next_lr,
                       clean_tokens=batch.num_clean_tokens, seconds=time.perf_counter() - started)
         history.append(record)
         if on_step is not None:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.diffusion import (IGNORE_INDEX, TokenizedSample, block_diffusion_loss, build_attention_mask,
-                                noise_sample, pack_block_diffusion, pack_segments)
+from training.diffusion import (IGNORE_INDEX, TokenizedSample, block_diffusion_loss, block_diffusion_mask_mod,
+                                block_mask_from_layout, build_attention_mask, noise_sample, pack_block_diffusion,
+                                pack_segments, tile_structure)
 
 MASK_ID = 3
 
@@ -102,14 +103,89 @@ def test_rows_limit_returns_leftovers_still_noised_and_too_long_samples_fail():
 
 
 @pytest.mark.gpu
-def test_compiled_flex_matches_dense_on_gpu_forward_and_backward(tiny_model, mixed_samples):
+@pytest.mark.parametrize("tile", [None, 128])
+@pytest.mark.parametrize("mask_from_layout", [False, True])
+def test_compiled_flex_matches_dense_on_gpu_forward_and_backward(tiny_model, mixed_samples, tile, mask_from_layout):
     model = tiny_model.cuda()
-    batch = pack_block_diffusion(mixed_samples, MASK_ID, 4, 128, torch.Generator().manual_seed(1)).to("cuda")
+    batch = pack_block_diffusion(mixed_samples, MASK_ID, 4, 128, torch.Generator().manual_seed(1), tile=tile).to("cuda")
     grads = []
     for backend in ("dense", "flex"):
         model.zero_grad()
-        loss = block_diffusion_loss(model, batch, build_attention_mask(batch, backend))
+        mask = build_attention_mask(batch, backend, block_size=4 if mask_from_layout else None)
+        loss = block_diffusion_loss(model, batch, mask)
         loss.backward()
         grads.append((loss.detach(), model.model.layers[0].self_attn.q_proj.weight.grad.clone()))
     torch.testing.assert_close(grads[0][0], grads[1][0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(grads[0][1], grads[1][1], rtol=1e-3, atol=1e-4)
+
+
+def tile_sets(block_mask, tiles: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(partial, full) bool [B, Q tiles, KV tiles] read back from a BlockMask's index lists."""
+    def present(num_blocks, indices):
+        listed = torch.arange(indices.shape[-1]) < num_blocks[:, 0, :, None]
+        return torch.zeros(indices.shape[0], indices.shape[2], tiles + 1, dtype=torch.bool).scatter_(
+            -1, torch.where(listed, indices[:, 0].long(), tiles), True)[..., :tiles]
+    return (present(block_mask.kv_num_blocks, block_mask.kv_indices),
+            present(block_mask.full_kv_num_blocks, block_mask.full_kv_indices))
+
+
+def random_samples(count: int, max_length: int, generator) -> list[TokenizedSample]:
+    lengths = torch.randint(1, max_length, (count,), generator=generator).tolist()
+    return [TokenizedSample(torch.randint(4, 300, (length,), generator=generator),
+                            torch.arange(length) >= int(torch.randint(0, length, (), generator=generator)))
+            for length in lengths]
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 8])
+@pytest.mark.parametrize("layout", ["full", "dropped", "tiled"])
+def test_block_mask_from_layout_has_the_tiles_create_block_mask_finds(block_size, layout):
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    generator = torch.Generator().manual_seed(block_size)
+    seen_full = False
+    for _ in range(3):
+        long_sample = samples([(512, 100)])  # fills the first half-row: its clean copy has full tiles
+        batch = pack_block_diffusion(random_samples(10, 400, generator) + long_sample, MASK_ID, block_size, 1024,
+                                     generator,
+                                     drop_unscored_blocks=layout != "full", tile=128 if layout == "tiled" else None)
+        rows, length = batch.input_ids.shape
+        mask_mod = block_diffusion_mask_mod(batch.segment_ids, batch.block_ids, batch.is_noisy)
+        reference = tile_sets(create_block_mask(mask_mod, B=rows, H=None, Q_LEN=length, KV_LEN=length,
+                                                device="cpu"), length // 128)
+        built = block_mask_from_layout(batch, block_size)
+        for ours, theirs in zip(tile_sets(built, length // 128), reference):
+            assert torch.equal(ours, theirs)
+        partial, full = tile_structure(batch, block_size)
+        assert torch.equal(partial, reference[0]) and torch.equal(full, reference[1])
+        seen_full |= bool(full.any())
+    assert seen_full  # the packings exercise full tiles, not only partial ones
+
+
+def test_tile_aware_packing_keeps_the_loss_and_aligns_segments(tiny_model):
+    generator = torch.Generator().manual_seed(4)
+    samples_ = random_samples(6, 300, generator)
+    losses = []
+    for drop, tile in ((False, None), (True, None), (True, 128)):
+        batch = pack_block_diffusion(samples_, MASK_ID, 4, 2048, torch.Generator().manual_seed(5),
+                                     drop_unscored_blocks=drop, tile=tile)
+        with torch.no_grad():
+            losses.append(block_diffusion_loss(tiny_model, batch, build_attention_mask(batch, "dense")))
+    torch.testing.assert_close(losses[0], losses[1], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(losses[0], losses[2], rtol=1e-5, atol=1e-6)
+    # Every segment starts on a tile boundary and every noisy run that can be is a whole number of tiles.
+    segment = batch.segment_ids[0]
+    starts = torch.nonzero(torch.diff(segment, prepend=segment.new_tensor([-2])) != 0).flatten()
+    assert all(int(s) % 128 == 0 for s in starts if segment[s] >= 0)
+    for sample_id in range(batch.num_samples):
+        noisy = int(((segment == sample_id) & batch.is_noisy[0]).sum())
+        length = int(((segment == sample_id) & ~batch.is_noisy[0]).sum())
+        assert noisy % 128 == 0 or length % 4 or noisy == length
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_loss_with_the_layout_block_mask_equals_the_dense_loss(tiny_model, mixed_samples):
+    batch = pack_block_diffusion(mixed_samples, MASK_ID, 4, 256, torch.Generator().manual_seed(1), tile=128)
+    with torch.no_grad():
+        dense = block_diffusion_loss(tiny_model, batch, build_attention_mask(batch, "dense"))
+        flex = block_diffusion_loss(tiny_model, batch, build_attention_mask(batch, "flex", block_size=4))
+    torch.testing.assert_close(dense, flex, rtol=1e-5, atol=1e-5)

@@ -25,6 +25,39 @@ def test_cached_decoding_gives_the_uncached_tokens(tiny_model, strategy):
     assert torch.equal(cached.unmask_steps - 1, uncached.unmask_steps)  # the cached run has one prefill forward more
 
 
+def test_cached_autoregressive_decoding_is_greedy_decoding_without_a_cache(tiny_model):
+    result = autoregressive_generate(tiny_model, PROMPTS[:1], 6)
+    ids = list(PROMPTS[0])
+    with torch.no_grad():
+        for _ in range(6):
+            ids.append(int(tiny_model(torch.tensor([ids])).logits[0, -1].argmax()))
+    assert result.tokens[0].tolist() == ids[len(PROMPTS[0]):] and result.num_forwards == 6
+
+
+@pytest.mark.parametrize("decode", [
+    lambda model, graphs: block_diffusion_generate(model, PROMPTS, 10, strategy="dynamic", threshold=0.002,
+                                                   graphs=graphs),
+    lambda model, graphs: autoregressive_generate(model, PROMPTS, 10, graphs=graphs)])
+def test_reusing_a_decoding_cache_across_calls_changes_nothing(tiny_model, decode):
+    graphs: dict = {}
+    first, again = decode(tiny_model, graphs), decode(tiny_model, graphs)  # the second call finds a used cache
+    assert len(graphs) == 1
+    assert torch.equal(first.tokens, again.tokens) and torch.equal(first.tokens, decode(tiny_model, None).tokens)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("strategy", ["static", "dynamic"])
+def test_cuda_graph_decoding_gives_the_eager_tokens(tiny_model, strategy):
+    model = tiny_model.cuda()
+    graphs: dict = {}
+    for run in range(2):  # capture, then replay a graph captured by an earlier call
+        graphed = block_diffusion_generate(model, PROMPTS, 12, strategy=strategy, threshold=0.002, graphs=graphs)
+        eager = block_diffusion_generate(model, PROMPTS, 12, strategy=strategy, threshold=0.002, cuda_graph=False)
+        assert torch.equal(graphed.tokens, eager.tokens) and graphed.num_forwards == eager.num_forwards
+        assert torch.equal(autoregressive_generate(model, PROMPTS, 8, graphs=graphs).tokens,
+                           autoregressive_generate(model, PROMPTS, 8, cuda_graph=False).tokens)
+
+
 def test_prompts_of_different_lengths_decode_as_they_would_alone(tiny_model):
     together = block_diffusion_generate(tiny_model, PROMPTS, 8, strategy="static")
     for row, prompt in enumerate(PROMPTS):

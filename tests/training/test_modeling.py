@@ -101,3 +101,19 @@ def test_kv_cached_forwards_give_the_uncached_logits(tiny_model):
         for start in range(2 * block, ids.shape[1], block):
             pieces.append(model_logits(tiny_model, ids, key_valid, start, start + block, block, cache))
     torch.testing.assert_close(torch.cat(pieces, dim=1), reference.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_static_decoding_forwards_over_the_whole_cache_give_the_uncached_logits(tiny_model):
+    from training.generate import StaticDecodingForward
+
+    block = tiny_model.config.block_size
+    ids = torch.randint(4, tiny_model.config.vocab_size, (2, 6 * block))
+    key_valid = torch.ones_like(ids, dtype=torch.bool)
+    key_valid[1, :3] = False
+    reference = model_logits(tiny_model, ids, key_valid, 0, ids.shape[1], block, cache=None)
+    forward = StaticDecodingForward(tiny_model, key_valid, block, width=2 * block, head=lambda logits, ids, _: logits)
+    with torch.no_grad():
+        pieces = [forward.prefill(ids[:, :2 * block], 0)]
+        for start in range(2 * block, ids.shape[1], 2 * block):  # fixed width: every call has the same shapes
+            pieces.append(forward(ids[:, start:start + 2 * block], start))
+    torch.testing.assert_close(torch.cat(pieces, dim=1), reference.detach(), rtol=1e-5, atol=1e-5)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from training.sft import SFTConfig, block_diffusion_batches, text_windows, tokenize_chat_rows, train_block_diffusion
@@ -45,3 +47,24 @@ def test_a_few_training_steps_lower_the_loss(tiny_model, small_tokenizer):
         learning_rate=3e-3, epochs=20, max_steps=30, samples_per_step=8, row_length=64))
     assert len(history) == 30
     assert sum(r["loss"] for r in history[-5:]) < sum(r["loss"] for r in history[:5])
+
+
+def test_learning_rate_warms_up_then_decays_to_the_final_ratio(tiny_model, small_tokenizer):
+    windows = text_windows(small_tokenizer, ["for i in range(n):\n    y[i] = x[i] * 2\n"] * 30, window=16)
+    history = train_block_diffusion(tiny_model, windows, SFTConfig(
+        learning_rate=1e-3, warmup_steps=3, final_lr_ratio=0.1, epochs=20, max_steps=12, samples_per_step=8,
+        row_length=64))
+    lrs = [r["lr"] for r in history]  # the learning rate set for the step after each record (warm at step 2)
+    assert lrs[0] < lrs[1] and max(lrs) <= 1e-3
+    assert all(a >= b for a, b in itertools.pairwise(lrs[1:])) and lrs[-1] < 0.3 * max(lrs)
+
+
+def test_tile_aware_batches_start_every_sample_on_a_tile(small_tokenizer):
+    windows = text_windows(small_tokenizer, ["def f(x):\n    return x * 2\n"] * 80, window=40)
+    config = SFTConfig(epochs=1, rows_per_step=2, row_length=512, tile=128)
+    batches = [b for _, b in block_diffusion_batches(windows, config, block_size=4, mask_token_id=3)]
+    assert sum(b.num_samples for b in batches) == len(windows)
+    for batch in batches:
+        segment = batch.segment_ids
+        starts = (segment >= 0) & (torch.diff(segment, dim=1, prepend=segment[:, :1] - 1) != 0)
+        assert (torch.nonzero(starts)[:, 1] % 128 == 0).all()
