@@ -98,14 +98,17 @@ class _BatchRun:
         base.update(extra or {})
         return base
 
-    def _run_worker(self, job: VerifyJob, stage: str, static: StaticReport | None, device: int | None) -> tuple[SandboxResult, dict[str, Any] | None]:
+    def _run_worker(self, job: VerifyJob, stage: str, static: StaticReport | None, device: int | None,
+                    gate: threading.Event | None = None) -> tuple[SandboxResult, dict[str, Any] | None]:
         scratch = Path(tempfile.mkdtemp(prefix=f"dice_verify_{stage}_"))
         try:
             result_path = scratch / "result.json"
+            gate_path = scratch / "go" if gate is not None else None
             request = {"stage": stage, "reference_src": job.reference_src, "candidate_src": job.candidate_src,
                        "config": self.config.to_dict(), "cache_dir": str(Path(self.config.build_cache_dir).resolve()),
                        "build_profile": self.config.build_profile, "arch": self.arch, "result_path": str(result_path),
-                       "static_kernel_names": static.kernel_names if static else []}
+                       "static_kernel_names": static.kernel_names if static else [],
+                       "gate_path": str(gate_path) if gate_path else None}
             (scratch / "request.json").write_text(json.dumps(request))
             env = scrubbed_environment({
                 "HOME": str(scratch), "TMPDIR": str(scratch), "PYTHONPATH": REPO_ROOT, "PYTHONUNBUFFERED": "1",
@@ -117,7 +120,7 @@ class _BatchRun:
             timeout = self.config.compile_timeout_s if stage == "build" else self.config.run_timeout_s
             outcome = run_isolated([sys.executable, "-m", "dice_pipeline.verify.worker", str(scratch / "request.json")],
                                    cwd=scratch, env=env, timeout_s=timeout, memory_cap_mb=self.config.memory_cap_mb,
-                                   isolate_network=self.config.isolate_network)
+                                   isolate_network=self.config.isolate_network, gate=gate, gate_path=gate_path)
             payload = json.loads(result_path.read_text()) if result_path.exists() else None
             return outcome, payload
         finally:
@@ -173,8 +176,9 @@ class _BatchRun:
                        flags=list(static.flags), compile_seconds=facts.get("compile_seconds"),
                        build_cache_hit=facts.get("build_cache_hit"), provenance=self.provenance(facts))
 
-    def judge(self, job: VerifyJob, static: StaticReport, facts: dict[str, Any], device: int) -> Verdict:
-        outcome, payload = self._run_worker(job, "run", static, device=device)
+    def judge(self, job: VerifyJob, static: StaticReport, facts: dict[str, Any], device: int,
+              gate: threading.Event | None = None) -> Verdict:
+        outcome, payload = self._run_worker(job, "run", static, device=device, gate=gate)
         if payload is None:
             return self._failure_verdict("run", outcome, static)
         provenance = self.provenance({**facts, **payload.pop("provenance", {}),
@@ -194,6 +198,34 @@ class _BatchRun:
             results[index] = verdict
             if self.on_result is not None:
                 self.on_result(job, verdict)
+
+
+class PrestartedJudge:
+    """A run-stage worker started ahead of its turn, held at its gate until `go_and_wait`."""
+
+    def __init__(self, run: _BatchRun, index: int, job: VerifyJob, static: StaticReport, facts: dict[str, Any],
+                 device: int):
+        self.index = index
+        self._gate = threading.Event()
+        self._verdict: Verdict | None = None
+        self._error: BaseException | None = None
+
+        def work() -> None:
+            try:
+                self._verdict = run.judge(job, static, facts, device, gate=self._gate)
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the GPU loop's thread
+                self._error = exc
+
+        self._thread = threading.Thread(target=work, daemon=True)
+        self._thread.start()
+
+    def go_and_wait(self) -> Verdict:
+        self._gate.set()
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._verdict is not None
+        return self._verdict
 
 
 def verify_batch(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,
@@ -241,9 +273,24 @@ def verify_batch(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,
         finish_measured(index, verdict or run.not_executed(static, facts))
 
     def gpu_loop(device: int) -> None:
-        while (item := ready.get()) is not None:
-            index, static, facts = item
-            finish_measured(index, run.judge(jobs[index], static, facts, device))
+        # One candidate on the GPU at a time. With prestart_gpu_workers, the next candidate's worker is already
+        # started (interpreter and imports, no CUDA, no task code) and waits at its gate meanwhile.
+        if not config.prestart_gpu_workers:
+            while (item := ready.get()) is not None:
+                index, static, facts = item
+                finish_measured(index, run.judge(jobs[index], static, facts, device))
+            return
+        started: queue.Queue[PrestartedJudge | None] = queue.Queue(maxsize=1)
+
+        def prestart() -> None:
+            while (item := ready.get()) is not None:
+                index, static, facts = item
+                started.put(PrestartedJudge(run, index, jobs[index], static, facts, device))
+            started.put(None)
+
+        threading.Thread(target=prestart, daemon=True).start()
+        while (judge := started.get()) is not None:
+            finish_measured(judge.index, judge.go_and_wait())
 
     gpu_threads = [threading.Thread(target=gpu_loop, args=(g.index,), daemon=True) for g in run.gpus] if run.execute else []
     for thread in gpu_threads:

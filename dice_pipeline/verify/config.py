@@ -78,6 +78,9 @@ class VerifyConfig:
     # Where nothing will execute (no GPU, or execute=False): still build every candidate (the compile-only stage
     # that farms builds out ahead of the GPU stage). ~1-3 min a candidate on a 2-core machine; False = static only.
     build_without_gpu: bool = True
+    # Start each GPU worker (interpreter, imports: ~2-4 s) while the previous candidate is still on the GPU; it
+    # waits at a gate, runs no task code and touches no GPU until its turn.
+    prestart_gpu_workers: bool = True
     # A VerdictStore directory (see store.py): executed verdicts are reused for identical jobs and configs, and new
     # ones are added. None = no store.
     verdict_store_dir: str | None = None

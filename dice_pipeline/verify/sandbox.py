@@ -93,8 +93,15 @@ def _kill_group(pgid: int) -> None:
 
 def run_isolated(argv: list[str], *, cwd: str | Path, env: dict[str, str], timeout_s: float,
                  memory_cap_mb: int | None = None, isolate_network: bool = True,
-                 log_name: str = "worker.log") -> SandboxResult:
-    """Run `argv` in its own session and wait; stdout and stderr go to `cwd/log_name`, whose tail is returned."""
+                 log_name: str = "worker.log", gate: threading.Event | None = None,
+                 gate_path: str | Path | None = None) -> SandboxResult:
+    """Run `argv` in its own session and wait; stdout and stderr go to `cwd/log_name`, whose tail is returned.
+
+    With a `gate`, the process starts at once but is told to go only when the gate is set (by creating
+    `gate_path`, which the worker waits for): a worker can do its trusted start-up (interpreter, imports) while
+    another uses the GPU. The time limit and `wall_seconds` count from the go."""
+    if (gate is None) != (gate_path is None):
+        raise ValueError("gate and gate_path go together")
     prefix = network_isolation_prefix() if isolate_network else ()
     log_path = Path(cwd) / log_name
     start = time.monotonic()
@@ -117,6 +124,11 @@ def run_isolated(argv: list[str], *, cwd: str | Path, env: dict[str, str], timeo
 
         watcher = threading.Thread(target=watch_memory, daemon=True)
         watcher.start()
+        if gate is not None:
+            while not gate.wait(0.05) and proc.poll() is None:
+                pass
+            Path(gate_path).touch()
+            start = time.monotonic()
         try:
             proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:

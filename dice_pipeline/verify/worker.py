@@ -125,6 +125,18 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
     return result
 
 
+def _prepare_and_wait_at_gate(gate_path: Path) -> None:
+    """Trusted start-up only (the harness and the lazy torch modules it will need; no CUDA, no task code), then wait
+    for the parent to create `gate_path`: the previous candidate may still be on the GPU."""
+    import torch._dynamo  # noqa: F401 - imported by the profiler's first use otherwise
+    import torch.profiler  # noqa: F401
+
+    import dice_pipeline.verify.harness  # noqa: F401
+
+    while not gate_path.exists():
+        time.sleep(0.005)
+
+
 def main(argv: list[str]) -> int:
     request = json.loads(Path(argv[0]).read_text())
     scratch = Path.cwd()
@@ -137,6 +149,8 @@ def main(argv: list[str]) -> int:
     interceptor = BuildInterceptor(request["cache_dir"], mode=mode, profile=request["build_profile"], arch=arch,
                                    use_precompiled_header=request["config"].get("use_precompiled_header", True))
     interceptor.install()
+    if request.get("gate_path"):
+        _prepare_and_wait_at_gate(Path(request["gate_path"]))
     started = time.time()
     if request["stage"] == "build":
         result = run_build_stage(request, interceptor, scratch)

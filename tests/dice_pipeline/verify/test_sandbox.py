@@ -62,3 +62,38 @@ def test_child_sees_no_network_interface_but_loopback_where_unshare_works(tmp_pa
 def test_child_runs_in_the_scratch_directory(tmp_path):
     result = _run(tmp_path, "import os; print(os.getcwd())")
     assert os.path.realpath(result.output_tail.strip()) == os.path.realpath(tmp_path)
+
+
+def _open_gate_after(seconds: float):
+    import threading
+
+    gate = threading.Event()
+    threading.Timer(seconds, gate.set).start()
+    return gate
+
+
+WAIT_FOR_GATE = ("import pathlib, time\n"
+                 "pathlib.Path('waiting').touch()\n"
+                 "while not pathlib.Path('go').exists(): time.sleep(0.01)\n")
+
+
+def test_time_limit_counts_from_the_gate(tmp_path):
+    # 1.5 s at the gate, then 0.3 s of work under a 1 s limit: not a timeout.
+    result = _run(tmp_path, WAIT_FOR_GATE + "time.sleep(0.3)\n", timeout_s=1.0, gate=_open_gate_after(1.5),
+                  gate_path=tmp_path / "go")
+    assert not result.timed_out and result.returncode == 0
+    assert result.wall_seconds < 1.0 and (tmp_path / "waiting").exists()
+
+
+def test_work_after_the_gate_is_still_time_limited(tmp_path):
+    result = _run(tmp_path, WAIT_FOR_GATE + "time.sleep(60)\n", timeout_s=1.0, gate=_open_gate_after(0.2),
+                  gate_path=tmp_path / "go")
+    assert result.timed_out
+
+
+def test_a_child_that_dies_at_the_gate_does_not_hang_the_parent(tmp_path):
+    import threading
+
+    start = time.monotonic()
+    result = _run(tmp_path, "raise SystemExit(3)", timeout_s=5, gate=threading.Event(), gate_path=tmp_path / "go")
+    assert result.returncode == 3 and time.monotonic() - start < 5

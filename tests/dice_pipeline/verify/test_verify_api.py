@@ -147,3 +147,44 @@ def test_gpu_inventory_parses_nvidia_smi_and_honours_visible_devices(tmp_path, m
     assert [g.index for g in gpu_inventory()] == [1]
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     assert gpu_inventory() == []
+
+
+def test_prestarted_gpu_worker_waits_at_its_gate_without_running_task_code(config, tmp_path):
+    import threading
+    import time
+
+    from dice_pipeline.verify.api import _BatchRun
+    from dice_pipeline.verify.static_checks import check_candidate_source
+
+    marker = tmp_path / "candidate_ran"
+    job = VerifyJob("j", REFERENCE, _module_code_candidate(f"open({str(marker)!r}, 'w').close()"))
+    run = _BatchRun(config, None)
+    static = check_candidate_source(job.reference_src, job.candidate_src)
+    gate, outcome = threading.Event(), {}
+    worker = threading.Thread(target=lambda: outcome.update(
+        result=run._run_worker(job, "run", static, device=None, gate=gate)))
+    worker.start()
+    time.sleep(4)  # long enough to import torch and reach the gate on a slow machine
+    assert worker.is_alive() and not marker.exists()
+    gate.set()
+    worker.join(timeout=120)
+    sandbox_result, payload = outcome["result"]
+    # No GPU here: the run stage stops at its first CUDA check, after the gate.
+    assert payload["status"] == "runtime_error" and payload["reason"]["code"] == "no_gpu_in_worker"
+    assert sandbox_result.wall_seconds < 60
+
+
+@pytest.mark.parametrize("prestart", [True, False])
+def test_gpu_loop_judges_every_job_in_order_with_and_without_prestart(config, monkeypatch, prestart):
+    from dataclasses import replace
+
+    from dice_pipeline.verify import api
+
+    # A GPU the loop believes in; the workers find none, which is a real, reported runtime error.
+    monkeypatch.setattr(api, "gpu_inventory", lambda: [api.GpuInfo(0, "Test GPU", "0", "9.0")])
+    monkeypatch.setattr(api._BatchRun, "build", lambda self, job, static: (None, {"compile_seconds": 0.0}))
+    jobs = [VerifyJob(f"j{i}", REFERENCE, HONEST.replace("2.0f", f"{i + 2}.0f")) for i in range(3)]
+    verdicts = verify_batch(jobs, replace(config, prestart_gpu_workers=prestart))
+    assert [v.status for v in verdicts] == [Status.RUNTIME_ERROR] * 3
+    assert all(v.reason_codes() == ["no_gpu_in_worker"] for v in verdicts)
+    assert all(v.provenance["gpu"] == "Test GPU" and v.provenance["run_seconds"] >= 0 for v in verdicts)
