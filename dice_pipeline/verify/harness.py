@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import re
 import statistics
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -64,10 +65,15 @@ class RuntimeGuard:
     is imported; `check` rejects any change. The harness itself only uses references it took before that."""
 
     def __init__(self) -> None:
+        import builtins
+
         self.namespaces = {
             "torch": torch, "torch.Tensor": torch.Tensor, "torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event,
             "torch.nn.functional": torch.nn.functional, "torch.nn.Module": torch.nn.Module, "time": time,
-            "torch.testing": torch.testing,
+            "torch.testing": torch.testing, "builtins": builtins, "statistics": statistics, "math": math,
+            # The harness itself: its functions and the methods of its classes, however a candidate reached them.
+            "harness": sys.modules[__name__],
+            **{f"harness.{cls.__name__}": cls for cls in (CandidateJudge, RuntimeGuard, Comparison, Judgement)},
         }
         self.identities = {
             (ns_name, key): id(value)

@@ -11,9 +11,13 @@ Policy (each finding is a `Reason` with stage "static"; `deceptive` findings rej
 - `try_except_fallback` (deceptive): a `try` whose handler does anything but re-raise, or `contextlib.suppress`;
   a kernel file has no honest need to swallow errors, and every such block seen in the wild was a fallback.
 - `side_stream`, `thread_spawn` (deceptive): new CUDA streams or threads (Python or C++) escape the timer.
-- `monkeypatch`, `global_flag_flip` (deceptive): assigning to attributes of imported modules (timers, allclose),
+- `monkeypatch`, `global_flag_flip` (deceptive): assigning to attributes of imported modules (timers, allclose)
+  or mutating a namespace mapping (`vars(m).update`, `m.__dict__[...]`),
   or flipping TF32/cuDNN/precision flags (Python or C++), which slows the baseline or fakes the check.
-- `frame_or_gc_access` (deceptive): `gc`, frames, `sys.modules`, `ctypes`: ways to reach the reference's output.
+- `frame_or_gc_access` (deceptive): `gc`, frames, `sys.modules`, `ctypes`, `__builtins__`, or such modules reached
+  through another module (`torch.sys.modules`): ways to reach the reference's output or the harness.
+- `process_spawn` (deceptive): `subprocess`/`signal`/`socket`, `os.system`/`fork`/`exec*`/`spawn*`, or fork/popen/
+  system/exec from C++: work or interference outside the judged call.
 - `dynamic_code` (deceptive): `__import__`, `eval`, `exec`, `compile`: code these checks cannot read.
 - `tensor_subclass` (deceptive): `__torch_function__`/`__torch_dispatch__`/Tensor subclasses (lazy outputs).
 - `precision_downgrade` (deceptive): fp16/bf16/TF32 arithmetic in a candidate whose reference is fp32-only.
@@ -56,6 +60,16 @@ EXTENSION_LOADERS = frozenset({"load_inline", "load"})
 CPP_EXTENSION_MODULE = "torch.utils.cpp_extension"
 THREAD_MODULES = frozenset({"threading", "_thread", "concurrent", "multiprocessing", "asyncio"})
 INTROSPECTION_MODULES = frozenset({"gc", "inspect", "ctypes", "importlib", "builtins", "dice_pipeline"})
+# Other processes, signals and sockets: work or interference outside the judged call.
+PROCESS_MODULES = frozenset({"subprocess", "pty", "signal", "socket", "pexpect", "sh"})
+PROCESS_CALLS = frozenset({"system", "popen", "fork", "forkpty", "kill", "killpg", "posix_spawn", "posix_spawnp",
+                           "execv", "execve", "execl", "execle", "execlp", "execlpe", "execvp", "execvpe",
+                           "spawnl", "spawnle", "spawnlp", "spawnlpe", "spawnv", "spawnve", "spawnvp", "spawnvpe"})
+# Standard-library modules that other modules re-export (torch.sys, torch.os, ...): reaching them that way is
+# reaching them all the same.
+REEXPORTED_STDLIB = THREAD_MODULES | INTROSPECTION_MODULES | PROCESS_MODULES | {"sys", "os"}
+# Mutating a namespace mapping (`vars(m).update(...)`, `m.__dict__.setdefault(...)`) patches it.
+MAPPING_MUTATORS = frozenset({"update", "setdefault", "__setitem__", "__delitem__", "pop", "popitem", "clear"})
 GLOBAL_FLAG_CALLS = frozenset(
     {
         "torch.set_float32_matmul_precision", "torch.set_default_dtype", "torch.set_default_tensor_type",
@@ -73,6 +87,8 @@ CUDA_TEXT_PATTERNS: list[tuple[str, re.Pattern[str], str]] = [
      "creates a CUDA stream; work on a side stream escapes the timer"),
     ("thread_spawn", re.compile(r"std::j?thread\b|std::async\b|pthread_create|#\s*include\s*<thread>"),
      "spawns a host thread from C++"),
+    ("process_spawn", re.compile(r"\b(?:fork|vfork|popen|system|execv\w*|execl\w*|posix_spawn\w*)\s*\("),
+     "starts another process from C++"),
     ("global_flag_flip", re.compile(r"cublasSetMathMode|setAllowTF32\w*|setBenchmarkCuDNN|setFloat32MatmulPrecision"
                                     r"|setAllowFP16ReductionCuBLAS|setAllowBF16ReductionCuBLAS"),
      "changes a global math/cuDNN setting from C++"),
@@ -312,9 +328,16 @@ def _check_statements(report: StaticReport, tree: ast.Module, facts: _ModuleFact
             resolved = facts.resolve(node) or ""
             if resolved in ("sys.modules",):
                 report.reject(Status.DECEPTIVE, "frame_or_gc_access", f"line {node.lineno}: reads sys.modules")
+            parts = resolved.split(".")
+            if len(parts) >= 2 and parts[0] in facts.imported_roots and parts[0] not in REEXPORTED_STDLIB \
+                    and any(part in REEXPORTED_STDLIB for part in parts[1:]):
+                report.reject(Status.DECEPTIVE, "frame_or_gc_access",
+                              f"line {node.lineno}: reaches a standard-library module through {resolved}")
             if reference_is_fp32 and resolved.startswith("torch.") and resolved.rsplit(".", 1)[-1] in HALF_DTYPE_ATTRS:
                 report.reject(Status.DECEPTIVE, "precision_downgrade",
                               f"line {node.lineno}: uses {resolved} in an fp32 task")
+        elif isinstance(node, ast.Name) and node.id == "__builtins__":
+            report.reject(Status.DECEPTIVE, "frame_or_gc_access", f"line {node.lineno}: uses __builtins__")
         elif isinstance(node, ast.FunctionDef) and node.name in ("__torch_function__", "__torch_dispatch__"):
             report.reject(Status.DECEPTIVE, "tensor_subclass", f"defines {node.name} (a tensor subclass/lazy output)")
         elif isinstance(node, ast.ClassDef):
@@ -348,6 +371,11 @@ def _check_call(report: StaticReport, node: ast.Call, facts: _ModuleFacts, refer
         owner = (_dotted(node.args[0]) or "").split(".")[0]
         if owner in facts.aliases:
             report.reject(Status.DECEPTIVE, "monkeypatch", f"line {node.lineno}: setattr on imported module {owner}")
+    elif isinstance(node.func, ast.Attribute) and node.func.attr in MAPPING_MUTATORS and _is_namespace_mapping(
+            node.func.value, facts):
+        report.reject(Status.DECEPTIVE, "monkeypatch", f"line {node.lineno}: mutates a module's or class's namespace")
+    elif leaf in PROCESS_CALLS and {"os", "posix", "pty"} & set(resolved.split(".")[:-1]):
+        report.reject(Status.DECEPTIVE, "process_spawn", f"line {node.lineno}: calls {resolved}")
     elif resolved in ("__import__", "eval", "exec", "compile", "builtins.__import__"):
         report.reject(Status.DECEPTIVE, "dynamic_code", f"line {node.lineno}: {resolved}() hides code from these checks")
     elif resolved in ("contextlib.suppress", "suppress"):
@@ -359,11 +387,21 @@ def _check_call(report: StaticReport, node: ast.Call, facts: _ModuleFacts, refer
         report.reject(Status.DECEPTIVE, "precision_downgrade", f"line {node.lineno}: .{node.func.attr}() in an fp32 task")
 
 
+def _is_namespace_mapping(node: ast.AST, facts: _ModuleFacts) -> bool:
+    """`vars(x)`, `x.__dict__` or `globals()`: the mapping behind a namespace."""
+    if isinstance(node, ast.Call) and (facts.resolve(node.func) or "") in ("vars", "globals", "builtins.vars"):
+        return True
+    return isinstance(node, ast.Attribute) and node.attr == "__dict__"
+
+
 def _check_imports(report: StaticReport, facts: _ModuleFacts) -> None:
     for root in sorted(facts.imported_roots & THREAD_MODULES):
         report.reject(Status.DECEPTIVE, "thread_spawn", f"imports {root}: work on another thread escapes the timer")
     for root in sorted(facts.imported_roots & INTROSPECTION_MODULES):
         report.reject(Status.DECEPTIVE, "frame_or_gc_access", f"imports {root}: a way to reach harness objects")
+    for root in sorted(facts.imported_roots & PROCESS_MODULES):
+        report.reject(Status.DECEPTIVE, "process_spawn",
+                      f"imports {root}: other processes, signals or sockets act outside the judged call")
 
 
 def _check_cuda_text(report: StaticReport, text: str, reference_is_fp32: bool) -> None:

@@ -82,3 +82,36 @@ def test_timing_stats_fields():
 def test_structural_mismatch_fails_every_tolerance(candidate):
     # The timed re-check looks at `passes` only: a wrong shape must never pass there.
     assert compare_outputs(torch.ones(4, 4), candidate, (1e-2, 1e-4)).passes == {1e-2: False, 1e-4: False}
+
+
+def test_runtime_guard_catches_a_patched_harness_function():
+    import sys
+
+    from dice_pipeline.verify import harness
+
+    guard = harness.RuntimeGuard()
+    original = harness.compare_outputs
+    sys.modules["dice_pipeline.verify.harness"].compare_outputs = lambda *a, **k: None
+    try:
+        with pytest.raises(Rejection) as caught:
+            guard.check("in the test")
+        assert caught.value.reason.code == "runtime_monkeypatch" and "compare_outputs" in str(caught.value)
+    finally:
+        harness.compare_outputs = original
+    guard.check("after restoring")  # and an untouched state passes
+
+
+def test_runtime_guard_catches_a_patched_harness_method_and_builtin():
+    import builtins
+
+    from dice_pipeline.verify import harness
+
+    for owner, name in ((harness.CandidateJudge, "_timed"), (builtins, "max")):
+        guard = harness.RuntimeGuard()
+        original = getattr(owner, name)
+        setattr(owner, name, lambda *a, **k: None)
+        try:
+            with pytest.raises(Rejection):
+                guard.check("in the test")
+        finally:
+            setattr(owner, name, original)
