@@ -2,8 +2,8 @@
 checks and interleaved timing. Imports torch and the standard library only.
 
 Runtime policy (reason codes; NOTES.md section 3):
-- `output_mismatch`, `shape_mismatch`, `dtype_mismatch`, `output_structure_mismatch`, `output_not_plain_tensor`
-  (incorrect): N seeded trials, candidate called before and after the reference on cloned inputs.
+- `output_mismatch`, `shape_mismatch`, `dtype_mismatch`, `device_mismatch`, `output_structure_mismatch`,
+  `output_not_plain_tensor` (incorrect): N seeded trials, candidate called before and after the reference on cloned inputs.
 - `output_not_fully_written` (incorrect): outputs are allocated from NaN-poisoned memory; poison left = unwritten.
 - `mutated_inputs` (deceptive): an input changed by a candidate call (correctness or timed).
 - `stale_output_reuse` (deceptive): a wrong output that equals the reference's result for an earlier call's inputs
@@ -165,6 +165,9 @@ def _compare_leaves(reference: Any, candidate: Any, tolerances: tuple[float, ...
             return result
         if cand.dtype != ref.dtype:
             result.problem = ("dtype_mismatch", f"output dtype {cand.dtype} != reference {ref.dtype}")
+            return result
+        if cand.device != ref.device:
+            result.problem = ("device_mismatch", f"output on {cand.device}, reference on {ref.device}")
             return result
         result.dtype_names.append(str(ref.dtype).replace("torch.", ""))
         ref_f, cand_f = ref.double(), cand.double()

@@ -20,6 +20,7 @@ def test_compare_outputs_reports_mismatch_kinds():
     assert compare_outputs(ref, torch.ones(4, 5), (1e-2,)).problem[0] == "shape_mismatch"
     assert compare_outputs(ref, ref.double(), (1e-2,)).problem[0] == "dtype_mismatch"
     assert compare_outputs((ref, ref), ref, (1e-2,)).problem[0] == "output_structure_mismatch"
+    assert compare_outputs(ref, ref.to("meta"), (1e-2,)).problem[0] == "device_mismatch"
     poisoned = ref.clone()
     poisoned[0, :2] = float("nan")
     result = compare_outputs(ref, poisoned, (1e-2,))
