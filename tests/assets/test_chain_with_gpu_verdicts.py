@@ -7,9 +7,6 @@ committed store is stale: re-run `benchmarks/verify_throughput.py` and `dice syn
 and replace benchmarks/results/h200_verdict_store with it."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,17 +18,9 @@ STORE = ROOT / "benchmarks" / "results" / "h200_verdict_store"
 
 
 @pytest.mark.slow
-def test_main_job_reuses_the_h200_verdicts(tmp_path):
-    env = {
-        **os.environ,
-        "DAGSTER_HOME": str(tmp_path / "dagster_home"),
-        "DICE_WAREHOUSE_PATH": str(tmp_path / "w.duckdb"),
-        "DICE_ARTIFACTS_DIR": str(tmp_path / "artifacts"),
-        "CUDA_VISIBLE_DEVICES": "",  # judged from the store even where a GPU is present
-    }
-    env.pop("DICE_CONCUR_SOURCE", None)
-    result = subprocess.run([sys.executable, "-m", "dice_pipeline.cli", "run", "--verdict-store", str(STORE)],
-                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=3000)
+def test_main_job_reuses_the_h200_verdicts(tmp_path, run_dice):
+    # CUDA_VISIBLE_DEVICES="": judged from the store even where a GPU is present.
+    result = run_dice("run", "--verdict-store", str(STORE), CUDA_VISIBLE_DEVICES="")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     wh = Warehouse(tmp_path / "w.duckdb")
 

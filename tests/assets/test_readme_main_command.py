@@ -1,9 +1,6 @@
 """The README's first command (the main job on the embedded default) runs to completion and fills the warehouse."""
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -27,17 +24,9 @@ def test_readme_opens_with_the_two_commands_ci_runs():
 
 
 @pytest.mark.slow
-def test_main_command_runs_on_the_embedded_default(tmp_path):
+def test_main_command_runs_on_the_embedded_default(tmp_path, run_dice):
     # Same entry point as the README's `dice run`, in a scratch Dagster home and warehouse.
-    env = {
-        **os.environ,
-        "DAGSTER_HOME": str(tmp_path / "dagster_home"),
-        "DICE_WAREHOUSE_PATH": str(tmp_path / "w.duckdb"),
-        "DICE_ARTIFACTS_DIR": str(tmp_path / "artifacts"),
-    }
-    env.pop("DICE_CONCUR_SOURCE", None)
-    result = subprocess.run([sys.executable, "-m", "dice_pipeline.cli", "run"], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=3000)
+    result = run_dice("run")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     assert "threshold 2.0: run" in result.stdout and "succeeded" in result.stdout
     wh = Warehouse(tmp_path / "w.duckdb")
