@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Every GPU-only test and benchmark of the project, on one GPU host with torch, nvcc and pytest (no Dagster,
+# polars or DuckDB needed there); `python3` on PATH is the interpreter used. Results and logs go to OUT_DIR; copy
+# what you keep into benchmarks/results/ and benchmarks/RESULTS.md.
+#
+#   benchmarks/gpu_suite.sh OUT_DIR [PART ...]      PART: tests verify synthesis train decode (default: all)
+#
+# Rough H200 timings: tests 5 min, verify 8 min, synthesis 5 min, train 3 min, decode 3 min.
+set -u
+OUT=${1:?usage: benchmarks/gpu_suite.sh OUT_DIR [tests|verify|synthesis|train|decode ...]}
+shift
+PARTS=${*:-tests verify synthesis train decode}
+cd "$(dirname "$0")/.."
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+mkdir -p "$OUT"
+: > "$OUT/suite.txt"
+STORE=$OUT/verdict_store
+
+step() {  # step NAME TIMEOUT_S COMMAND...: run with a time limit, log to OUT/NAME.log, record the exit code
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name ($(date -u +%FT%TZ))" | tee -a "$OUT/suite.txt"
+    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    echo "   exit $? ($(date -u +%FT%TZ))" | tee -a "$OUT/suite.txt"
+}
+
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
+for part in $PARTS; do
+    case $part in
+        tests)
+            step tests_verify 600 python3 -m pytest -m gpu tests/dice_pipeline/verify -q -s -p no:cacheprovider
+            # The template tests build with load_inline in the test process: spread them with xdist if present.
+            parallel=()
+            python3 -c "import xdist" 2>/dev/null && parallel=(-n "$(( $(nproc) > 14 ? 14 : $(nproc) ))")
+            step tests_synthesis 600 python3 -m pytest -m gpu tests/dice_pipeline/synthesis -q -p no:cacheprovider \
+                "${parallel[@]}"
+            step tests_training 300 python3 -m pytest -m gpu tests/training -q -p no:cacheprovider ;;
+        verify)  # the verifier on the seed corpus and the serial KernelBench-like baseline (fills the store)
+            step verify_throughput 900 python3 benchmarks/verify_throughput.py --out "$OUT/verify" \
+                --baseline-subset 2 --verdict-store "$STORE" ;;
+        synthesis)  # the structure catalogue with the template backend, really verified (adds to the store)
+            step synthesize 900 python3 -m dice_pipeline.cli synthesize --out "$OUT/synthesis" --verdict-store "$STORE" ;;
+        train)
+            step train_throughput 400 python3 benchmarks/train_throughput.py --json "$OUT/train_throughput.json" ;;
+        decode)
+            step decode_throughput 400 python3 benchmarks/decode_throughput.py --json "$OUT/decode_throughput.json" ;;
+        *) echo "unknown part $part" >&2; exit 2 ;;
+    esac
+done
+echo "ALL_DONE" >> "$OUT/suite.txt"
