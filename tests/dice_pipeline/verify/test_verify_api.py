@@ -74,9 +74,21 @@ def test_module_code_that_hangs_times_out(config):
     assert verdict.status == Status.TIMEOUT and verdict.reason_codes() == ["build_timeout"]
 
 
+def _build_past_static_checks(config, candidate_src: str) -> Verdict:
+    """The build stage for code the static checks would reject: the sandbox must hold on its own as well."""
+    from dice_pipeline.verify.api import _BatchRun
+    from dice_pipeline.verify.static_checks import check_candidate_source
+
+    clean = check_candidate_source(REFERENCE, HONEST)  # a report with no findings
+    verdict, _ = _BatchRun(config, None).build(VerifyJob("j", REFERENCE, candidate_src), clean)
+    assert verdict is not None
+    return verdict
+
+
 def test_module_code_that_kills_its_process_is_reported_not_raised(config):
-    verdict = verify_candidate(REFERENCE, _module_code_candidate("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"),
-                               config)
+    code = _module_code_candidate("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)")
+    assert set(verify_candidate(REFERENCE, code, config).reason_codes()) == {"process_spawn"}  # caught statically
+    verdict = _build_past_static_checks(config, code)
     assert verdict.status == Status.COMPILE_ERROR and verdict.reason_codes() == ["worker_crashed"]
     assert "signal 9" in verdict.reasons[0].message
 
@@ -84,8 +96,9 @@ def test_module_code_that_kills_its_process_is_reported_not_raised(config):
 def test_candidate_sees_no_secrets_and_no_network(config, monkeypatch):
     monkeypatch.setenv("DICE_TEST_TOKEN", "leaked-secret-value")
     probe = "import os, socket\nraise RuntimeError(repr(sorted(os.environ)) + repr(socket.if_nameindex()))"
-    verdict = verify_candidate(REFERENCE, _module_code_candidate(probe), config)
+    verdict = _build_past_static_checks(config, _module_code_candidate(probe))
     message = verdict.reasons[0].message
+    assert verdict.reason_codes() == ["import_failed"] and "PATH" in message
     assert "DICE_TEST_TOKEN" not in message and "leaked-secret-value" not in message
     if network_isolation_prefix():
         assert "eth0" not in message and "'lo'" in message
