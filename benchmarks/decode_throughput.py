@@ -84,6 +84,10 @@ def heldout_loss(model, windows, device, block_size: int, mask_token_id: int) ->
         return block_diffusion_loss(model, batch, build_attention_mask(batch, "dense")).item()
 
 
+def modes_label(graphed: bool, device: torch.device) -> str:
+    return "graph" if graphed and device.type == "cuda" else "eager"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=Path, nargs="+", default=None,
@@ -99,6 +103,9 @@ def main() -> None:
     parser.add_argument("--block-size", type=int, default=4)
     parser.add_argument("--steps", type=int, default=4, help="denoising steps a block (static schedule)")
     parser.add_argument("--threshold", type=float, default=0.9)
+    parser.add_argument("--sweep-thresholds", type=float, nargs="*", default=[0.5, 0.7, 0.8, 0.95],
+                        help="batch 1: also time dynamic decoding at these thresholds (speed against the AR run, "
+                             "token agreement with static decoding as the quality cost)")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
@@ -167,13 +174,14 @@ def main() -> None:
           f"threshold {args.threshold} | {args.new_tokens} new tokens, prompts of {args.prompt_tokens} tokens | "
           f"{graph_note}", flush=True)
     results, ratios = [], []
+    outputs_by_batch: dict[int, torch.Tensor] = {}  # static decoding's tokens: the sweep's quality reference
     for batch_size in args.batch_sizes:
         prompts = prompts_all[:batch_size]
         if len(prompts) < batch_size:
             print(f"batch {batch_size}: only {len(prompts)} held-out prompts; skipped")
             continue
         for graphed in modes:
-            mode = "graph" if graphed and device.type == "cuda" else "eager"
+            mode = modes_label(graphed, device)
             speeds, outputs = {}, {}
             for name, decode in decoders.items():
                 graphs: dict = {}  # the warm-up call captures the graphs, the timed calls replay them
@@ -189,6 +197,8 @@ def main() -> None:
                 print(f"batch {batch_size:2d} {mode:5s} {name:14s} {speeds[name]:9.1f} tok/s  "
                       f"{result.num_forwards:4d} forwards ({args.new_tokens / result.num_forwards:.2f} tokens a row "
                       f"a forward)  {1000 * seconds / result.num_forwards:.3f} ms/forward", flush=True)
+            if mode == modes_label(modes[0], device):
+                outputs_by_batch[batch_size] = outputs["static"]
             agreement = {pair: round((outputs[pair[0]] == outputs[pair[1]]).float().mean().item(), 3)
                          for pair in (("dynamic", "static"), ("dynamic", "autoregressive"),
                                       ("static", "autoregressive"))}
@@ -202,6 +212,25 @@ def main() -> None:
                   f"static/AR {summary['static_vs_ar']:.2f}x  dynamic/static {summary['dynamic_vs_static']:.2f}x  "
                   f"| same token as: " + ", ".join(f"{a}~{b} {v:.1%}" for (a, b), v in agreement.items()),
                   flush=True)
+    sweep = []
+    ar_batch1 = next((r for r in results if r["batch"] == 1 and r["decoder"] == "autoregressive"
+                      and r["mode"] == ("graph" if device.type == "cuda" else "eager")), None)
+    static_batch1 = outputs_by_batch.get(1)
+    for threshold in args.sweep_thresholds if ar_batch1 and static_batch1 is not None else []:
+        graphs = {}
+        run_once = functools.partial(block_diffusion_generate, model, prompts_all[:1], args.new_tokens,
+                                     strategy="dynamic", cuda_graph=True, graphs=graphs,
+                                     **{**block, "threshold": threshold})
+        run_once()
+        seconds, result = timed(run_once, args.repeats, device)
+        row = dict(threshold=threshold, tokens_per_s=round(args.new_tokens / seconds, 1),
+                   vs_ar=round(args.new_tokens / seconds / ar_batch1["tokens_per_s"], 3),
+                   tokens_per_forward=round(args.new_tokens / result.num_forwards, 2),
+                   same_token_as_static=round((result.tokens == static_batch1).float().mean().item(), 3))
+        sweep.append(row)
+        print(f"batch  1 dynamic threshold {threshold:<5g} {row['tokens_per_s']:9.1f} tok/s  vs AR "
+              f"{row['vs_ar']:.2f}x  {row['tokens_per_forward']:.2f} tokens a forward  same token as static "
+              f"{row['same_token_as_static']:.1%}", flush=True)
     sample = block_diffusion_generate(model, prompts_all[:1], 96, strategy="dynamic", threshold=args.threshold,
                                       **common)
     print("--- dynamic sample continuation of held-out prompt 0:\n" + tokenizer.decode(sample.tokens[0]))
@@ -214,7 +243,8 @@ def main() -> None:
                            train_steps=len(history), train_clean_tokens=trained_tokens,
                            train_loss_first=history[0]["loss"], train_loss_last20=train_loss,
                            heldout_loss_before=loss_before, heldout_loss_after=loss_after,
-                           results=results, ratios=ratios, seconds=round(time.perf_counter() - started)),
+                           results=results, ratios=ratios, threshold_sweep=sweep,
+                           seconds=round(time.perf_counter() - started)),
                       handle, indent=2)
 
 
