@@ -148,7 +148,9 @@ def main() -> None:
                         help="noised samples kept ready for packing, in multiples of a batch's tokens")
     parser.add_argument("--block-size", type=int, default=4)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per variant (clean tokens per step vary with the noise draw: 4 steps moved the ratio by ~3%%)")
+    parser.add_argument("--steps", type=int, default=10,
+                        help="timed steps per variant (clean tokens a step vary with the noise draw: with 4 steps the "
+                             "ratio moved by ~3%% between runs)")
     parser.add_argument("--variants", nargs="+", default=["ar", *BD_VARIANTS])
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--device", default="cuda", help="cpu only for a dry run (dense attention, tiny preset)")
