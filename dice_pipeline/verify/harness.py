@@ -186,15 +186,21 @@ def _compare_leaves(reference: Any, candidate: Any, tolerances: tuple[float, ...
     return result
 
 
-def _constant_outputs_pass(reference: Any, tol: float) -> tuple[bool, bool]:
-    """Would all-zeros pass? Would each output's mean (a constant) pass? (degenerate-task detection)"""
+def _constant_outputs_pass(reference: Any, constants: list[float], tol: float) -> tuple[bool, bool]:
+    """Would all-zeros pass this output? Would a fixed value per output leaf pass it? (degenerate-task detection)
+
+    `constants` are one value per floating-point leaf, taken from the first trial (its mean) and reused for every
+    later trial: a task is degenerate when one input-independent answer passes all trials, not merely when each
+    output is constant within a trial (a scalar output always is)."""
     zeros_pass = constant_pass = True
-    for ref in _flatten_outputs(reference):
-        if not isinstance(ref, torch.Tensor) or not ref.is_floating_point() or ref.numel() == 0:
-            continue
+    leaves = [ref for ref in _flatten_outputs(reference)
+              if isinstance(ref, torch.Tensor) and ref.is_floating_point() and ref.numel() > 0]
+    if not constants:
+        constants.extend(float(ref.double().mean()) for ref in leaves)
+    for ref, constant in zip(leaves, constants):
         ref_f = ref.double()
         zeros_pass &= bool(torch.allclose(torch.zeros_like(ref_f), ref_f, atol=tol, rtol=tol))
-        constant_pass &= bool(torch.allclose(torch.full_like(ref_f, float(ref_f.mean())), ref_f, atol=tol, rtol=tol))
+        constant_pass &= bool(torch.allclose(torch.full_like(ref_f, constant), ref_f, atol=tol, rtol=tol))
     return zeros_pass, constant_pass
 
 
@@ -313,6 +319,7 @@ class CandidateJudge:
         passed = {tol: 0 for tol in self.tolerances}
         decided = 0
         zeros_everywhere = constant_everywhere = True
+        constants: list[float] = []  # the first trial's output means: the fixed answer tried on every trial
         earlier_refs: list[Any] = []  # reference outputs of earlier trials (memory-bounded), for _reject_stale_output
         for trial in range(cfg.correctness_trials):
             seed = cfg.seed + trial
@@ -326,7 +333,7 @@ class CandidateJudge:
                     j.flag("nondeterministic_reference")
             self._poison_allocator(ref_out)
             cand_after = self._call_candidate(inputs, seed, "correctness")
-            zeros_pass, constant_pass = _constant_outputs_pass(ref_out, TOLERANCE_LOOSE)
+            zeros_pass, constant_pass = _constant_outputs_pass(ref_out, constants, TOLERANCE_LOOSE)
             zeros_everywhere &= zeros_pass
             constant_everywhere &= constant_pass
             trial_cmp = [compare_outputs(ref_out, c, self.tolerances) for c in (cand_before, cand_after)]

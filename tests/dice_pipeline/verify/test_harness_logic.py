@@ -116,3 +116,21 @@ def test_runtime_guard_catches_a_patched_harness_method_and_builtin():
                 guard.check("in the test")
         finally:
             setattr(owner, name, original)
+
+
+def test_degenerate_means_one_fixed_answer_passes_every_trial():
+    from dice_pipeline.verify.harness import _constant_outputs_pass
+
+    def every_trial(outputs):
+        constants: list[float] = []
+        results = [_constant_outputs_pass(out, constants, 1e-2) for out in outputs]
+        return all(z for z, _ in results), all(c for _, c in results)
+
+    # A scalar that moves with the inputs (a sum): not degenerate, although each output is "constant" on its own.
+    assert every_trial([torch.tensor(12.5), torch.tensor(-3.0), torch.tensor(40.0)]) == (False, False)
+    # A scalar that barely moves (the MSE of large random tensors): a fixed answer passes.
+    assert every_trial([torch.tensor(2.0001), torch.tensor(1.9998), torch.tensor(2.0003)]) == (False, True)
+    # Tiny outputs: zeros pass.
+    assert every_trial([torch.full((4,), 1e-4), torch.full((4,), -2e-4)])[0]
+    # Outputs that vary within a trial are not degenerate.
+    assert every_trial([torch.randn(64), torch.randn(64)]) == (False, False)
