@@ -186,6 +186,28 @@ def _compare_leaves(reference: Any, candidate: Any, tolerances: tuple[float, ...
     return result
 
 
+def fresh_inputs_on_device(get_inputs: Callable[[], list[Any]], like: list[Any], device: torch.device,
+                           seed: int) -> list[Any] | None:
+    """A new draw of the task's inputs made directly on `device` (tensor factories default to it inside
+    `get_inputs`), so every timed call can see never-seen values at GPU speed. None when the task's `get_inputs`
+    cannot run that way or gives tensors of other shapes, dtypes or devices than `like`."""
+    torch.manual_seed(seed)
+    try:
+        with torch.device(device):
+            values = list(get_inputs())
+    except Exception:  # noqa: BLE001 - e.g. numpy inside get_inputs: the caller falls back to stored input sets
+        return None
+    if len(values) != len(like):
+        return None
+    for value, reference in zip(values, like):
+        if isinstance(reference, torch.Tensor) != isinstance(value, torch.Tensor):
+            return None
+        if isinstance(reference, torch.Tensor) and (value.shape != reference.shape or value.dtype != reference.dtype
+                                                    or value.device != reference.device):
+            return None
+    return values
+
+
 def _constant_outputs_pass(reference: Any, constants: list[float], tol: float) -> tuple[bool, bool]:
     """Would all-zeros pass this output? Would a fixed value per output leaf pass it? (degenerate-task detection)
 
@@ -442,9 +464,21 @@ class CandidateJudge:
         buffers = _clone(input_sets[0])
         generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
 
+        def draw(sample: int) -> list[Any] | None:
+            return fresh_inputs_on_device(self.reference.get_inputs, buffers, self.device, cfg.seed + 2000 + sample)
+
+        draws_on_device = draw(-1) is not None
+
         def load_fresh_inputs(sample: int) -> None:
-            # New values every call (addresses change only between rounds): defeats caches keyed by pointer or
-            # call count.
+            # New values every call (addresses change only between rounds): defeats caches keyed by pointer, call
+            # count or input checksum. Preferably a fresh get_inputs() draw made on the GPU; else one of the
+            # stored input sets with its rows re-permuted.
+            fresh = draw(sample) if draws_on_device else None
+            if fresh is not None:
+                for buf, src in zip(buffers, fresh):
+                    if isinstance(buf, torch.Tensor):
+                        buf.copy_(src)
+                return
             source = input_sets[sample % len(input_sets)]
             perms: dict[int, torch.Tensor] = {}
             for buf, src in zip(buffers, source):
@@ -529,6 +563,8 @@ class CandidateJudge:
                         speedup=speedup if math.isfinite(speedup) else None)
         j.fields.setdefault("provenance", {}).update(
             launch_floor_ms=floor_ms, reference_wall_median_ms=ref_wall_med, candidate_wall_median_ms=cand_wall_med,
+            timing_inputs=("a fresh get_inputs() draw on the GPU for every call" if draws_on_device else
+                           f"{cfg.timing_input_sets} stored input sets, rows re-permuted for every call"),
             speedup_ci95=[low, high], speedup_of_medians=(ref_stats.median_ms / cand_stats.median_ms
                                                            if cand_stats.median_ms > 0 else None),
             timing_pairs=sample, timing_rounds=rounds)

@@ -134,3 +134,34 @@ def test_degenerate_means_one_fixed_answer_passes_every_trial():
     assert every_trial([torch.full((4,), 1e-4), torch.full((4,), -2e-4)])[0]
     # Outputs that vary within a trial are not degenerate.
     assert every_trial([torch.randn(64), torch.randn(64)]) == (False, False)
+
+
+def test_fresh_inputs_are_new_draws_of_the_same_shapes():
+    from dice_pipeline.verify.harness import fresh_inputs_on_device
+
+    like = [torch.randn(8, 4), 3, torch.randint(0, 5, (8,))]
+
+    def get_inputs():
+        return [torch.randn(8, 4), 3, torch.randint(0, 5, (8,))]
+
+    first = fresh_inputs_on_device(get_inputs, like, torch.device("cpu"), seed=1)
+    second = fresh_inputs_on_device(get_inputs, like, torch.device("cpu"), seed=2)
+    assert first is not None and second is not None and first[1] == 3
+    assert not torch.equal(first[0], second[0]) and first[0].shape == like[0].shape
+    assert torch.equal(first[0], fresh_inputs_on_device(get_inputs, like, torch.device("cpu"), seed=1)[0])
+
+
+def test_fresh_inputs_fall_back_when_get_inputs_does_not_fit():
+    from dice_pipeline.verify.harness import fresh_inputs_on_device
+
+    like = [torch.randn(8, 4)]
+    cpu = torch.device("cpu")
+
+    def raises():
+        raise RuntimeError("needs numpy")
+
+    assert fresh_inputs_on_device(raises, like, cpu, seed=0) is None
+    assert fresh_inputs_on_device(lambda: [torch.randn(8, 5)], like, cpu, seed=0) is None
+    assert fresh_inputs_on_device(lambda: [torch.randn(8, 4).double()], like, cpu, seed=0) is None
+    assert fresh_inputs_on_device(lambda: [torch.randn(8, 4), torch.randn(1)], like, cpu, seed=0) is None
+    assert fresh_inputs_on_device(lambda: [torch.randn(8, 4, device="meta")], like, cpu, seed=0) is None
