@@ -70,6 +70,15 @@ def gpu_inventory() -> list[GpuInfo]:
     return [g for g in gpus if visible is None or g.index in visible]
 
 
+def split_cpus(reserved: int) -> tuple[set[int] | None, set[int] | None]:
+    """(cores for the GPU workers, cores for builds) out of this process's cores, or (None, None) where the host
+    has fewer than 4x `reserved` of them."""
+    allowed = sorted(os.sched_getaffinity(0))
+    if reserved <= 0 or len(allowed) < 4 * reserved:
+        return None, None
+    return set(allowed[-reserved:]), set(allowed[:-reserved])
+
+
 def _utc_now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
 
@@ -89,6 +98,9 @@ class _BatchRun:
         self.on_result = on_result
         self.lock = threading.Lock()
         Path(config.build_cache_dir).mkdir(parents=True, exist_ok=True)
+        # Builds stay off the cores the GPU workers run on (see VerifyConfig.gpu_worker_cpus).
+        self.gpu_worker_cpus, self.build_cpus = (split_cpus(config.gpu_worker_cpus * len(self.gpus))
+                                                 if self.execute else (None, None))
 
     def provenance(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         gpu = self.gpus[0] if self.gpus else None
@@ -108,7 +120,8 @@ class _BatchRun:
                        "config": self.config.to_dict(), "cache_dir": str(Path(self.config.build_cache_dir).resolve()),
                        "build_profile": self.config.build_profile, "arch": self.arch, "result_path": str(result_path),
                        "static_kernel_names": static.kernel_names if static else [],
-                       "gate_path": str(gate_path) if gate_path else None}
+                       "gate_path": str(gate_path) if gate_path else None,
+                       "run_cpus": sorted(self.gpu_worker_cpus) if stage == "run" and self.gpu_worker_cpus else None}
             (scratch / "request.json").write_text(json.dumps(request))
             env = scrubbed_environment({
                 "HOME": str(scratch), "TMPDIR": str(scratch), "PYTHONPATH": REPO_ROOT, "PYTHONUNBUFFERED": "1",
@@ -120,7 +133,8 @@ class _BatchRun:
             timeout = self.config.compile_timeout_s if stage == "build" else self.config.run_timeout_s
             outcome = run_isolated([sys.executable, "-m", "dice_pipeline.verify.worker", str(scratch / "request.json")],
                                    cwd=scratch, env=env, timeout_s=timeout, memory_cap_mb=self.config.memory_cap_mb,
-                                   isolate_network=self.config.isolate_network, gate=gate, gate_path=gate_path)
+                                   isolate_network=self.config.isolate_network, gate=gate, gate_path=gate_path,
+                                   cpus=self.build_cpus if stage in ("build", "pch") else None)
             payload = json.loads(result_path.read_text()) if result_path.exists() else None
             return outcome, payload
         finally:
@@ -184,6 +198,7 @@ class _BatchRun:
         provenance = self.provenance({**facts, **payload.pop("provenance", {}),
                                       "device_index": device, "run_seconds": round(outcome.wall_seconds, 2),
                                       "extension_load_seconds": payload.get("compile_seconds"),
+                                      "worker_cpus": payload.get("worker_cpus"),
                                       "network_isolated": payload.get("network_isolated")})
         if "reason" in payload:  # early exits (import failures) carry one reason
             payload["reasons"] = [payload.pop("reason")]

@@ -94,12 +94,13 @@ def _kill_group(pgid: int) -> None:
 def run_isolated(argv: list[str], *, cwd: str | Path, env: dict[str, str], timeout_s: float,
                  memory_cap_mb: int | None = None, isolate_network: bool = True,
                  log_name: str = "worker.log", gate: threading.Event | None = None,
-                 gate_path: str | Path | None = None) -> SandboxResult:
+                 gate_path: str | Path | None = None, cpus: set[int] | None = None) -> SandboxResult:
     """Run `argv` in its own session and wait; stdout and stderr go to `cwd/log_name`, whose tail is returned.
 
     With a `gate`, the process starts at once but is told to go only when the gate is set (by creating
     `gate_path`, which the worker waits for): a worker can do its trusted start-up (interpreter, imports) while
-    another uses the GPU. The time limit and `wall_seconds` count from the go."""
+    another uses the GPU. The time limit and `wall_seconds` count from the go. `cpus`: the cores the process (and
+    every process it starts later) may run on."""
     if (gate is None) != (gate_path is None):
         raise ValueError("gate and gate_path go together")
     prefix = network_isolation_prefix() if isolate_network else ()
@@ -110,6 +111,11 @@ def run_isolated(argv: list[str], *, cwd: str | Path, env: dict[str, str], timeo
     with open(log_path, "wb") as log:
         proc = subprocess.Popen([*prefix, *argv], cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
+        if cpus:
+            try:  # right after the start, before the worker runs any compiler: children inherit the mask
+                os.sched_setaffinity(proc.pid, cpus)
+            except (ProcessLookupError, OSError):
+                pass  # already gone, or not allowed here: the run goes on unpinned
         stop = threading.Event()
 
         def watch_memory() -> None:

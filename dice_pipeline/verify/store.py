@@ -26,7 +26,7 @@ from dice_pipeline.verify.verdict import VERIFIER_VERSION, Status, Verdict
 _NOT_IN_KEY = frozenset({
     "build_cache_dir", "max_parallel_builds", "devices", "memory_cap_mb", "gpu_memory_fraction", "execute",
     "use_precompiled_header", "isolate_network", "compile_arch", "build_without_gpu", "compile_timeout_s",
-    "run_timeout_s", "verdict_store_dir", "prestart_gpu_workers",
+    "run_timeout_s", "verdict_store_dir", "prestart_gpu_workers", "gpu_worker_cpus",
 })
 _NOT_STORED = frozenset({Status.NOT_EXECUTED, Status.TIMEOUT})
 

@@ -151,6 +151,9 @@ def main(argv: list[str]) -> int:
     interceptor.install()
     if request.get("gate_path"):
         _prepare_and_wait_at_gate(Path(request["gate_path"]))
+    if request.get("run_cpus"):
+        # The GPU stage's own cores (no builds there); imports before the gate ran on any core.
+        os.sched_setaffinity(0, request["run_cpus"])
     started = time.time()
     if request["stage"] == "build":
         result = run_build_stage(request, interceptor, scratch)
@@ -163,6 +166,7 @@ def main(argv: list[str]) -> int:
     result["build_mode"] = mode
     result["worker_seconds"] = time.time() - started
     result["network_isolated"] = _network_isolated()
+    result["worker_cpus"] = sorted(os.sched_getaffinity(0))
     tmp = Path(request["result_path"] + ".tmp")
     tmp.write_text(json.dumps(result, default=str))
     tmp.replace(request["result_path"])

@@ -97,3 +97,12 @@ def test_a_child_that_dies_at_the_gate_does_not_hang_the_parent(tmp_path):
     start = time.monotonic()
     result = _run(tmp_path, "raise SystemExit(3)", timeout_s=5, gate=threading.Event(), gate_path=tmp_path / "go")
     assert result.returncode == 3 and time.monotonic() - start < 5
+
+
+def test_child_and_its_children_run_on_the_given_cores(tmp_path):
+    core = min(os.sched_getaffinity(0))
+    code = ("import os, subprocess, sys\n"
+            "print('self', sorted(os.sched_getaffinity(0)))\n"
+            "subprocess.run([sys.executable, '-c', 'import os; print(\"child\", sorted(os.sched_getaffinity(0)))'])\n")
+    result = _run(tmp_path, code, cpus={core})
+    assert f"self [{core}]" in result.output_tail and f"child [{core}]" in result.output_tail

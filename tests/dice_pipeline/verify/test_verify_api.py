@@ -201,3 +201,28 @@ def test_gpu_loop_judges_every_job_in_order_with_and_without_prestart(config, mo
     assert [v.status for v in verdicts] == [Status.RUNTIME_ERROR] * 3
     assert all(v.reason_codes() == ["no_gpu_in_worker"] for v in verdicts)
     assert all(v.provenance["gpu"] == "Test GPU" and v.provenance["run_seconds"] >= 0 for v in verdicts)
+
+
+def test_cpu_split_keeps_cores_for_gpu_workers(monkeypatch):
+    from dice_pipeline.verify.api import split_cpus
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert split_cpus(2) == ({14, 15}, set(range(14)))
+    assert split_cpus(0) == (None, None)
+    assert split_cpus(5) == (None, None)  # 16 cores < 4 x 5: not worth splitting
+
+
+def test_run_worker_moves_to_its_cores_after_the_gate(config):
+    import threading
+
+    from dice_pipeline.verify.api import _BatchRun
+    from dice_pipeline.verify.static_checks import check_candidate_source
+
+    run = _BatchRun(config, None)
+    core = min(os.sched_getaffinity(0))
+    run.gpu_worker_cpus = {core}
+    gate = threading.Event()
+    gate.set()
+    _, payload = run._run_worker(VerifyJob("j", REFERENCE, HONEST), "run", check_candidate_source(REFERENCE, HONEST),
+                                 device=None, gate=gate)
+    assert payload["worker_cpus"] == [core]
