@@ -48,7 +48,7 @@ def run_main_job(args: argparse.Namespace) -> int:
         "ops": {"concur_ingestion": {"config": {"source": args.source}}},
         "resources": {"verifier": {"config": {"execute": args.execute,
                                               "compile_without_gpu": args.compile_without_gpu,
-                                              "verdict_store_dir": _absolute(args.verdict_store)}}},
+                                              "verdict_store_dir": _verdict_store_dir(args.verdict_store)}}},
     }
     ok = True
     for index, threshold in enumerate(dict.fromkeys(thresholds)):
@@ -67,7 +67,8 @@ def run_main_job(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
-def _absolute(path: str) -> str:
+def _verdict_store_dir(path: str) -> str:
+    """The --verdict-store directory as an absolute path (it must exist), or "" for the default store."""
     from pathlib import Path
 
     if path and not Path(path).is_dir():

@@ -111,6 +111,13 @@ def _flatten_outputs(output: Any) -> list[Any]:
     return [output]
 
 
+def _reject_mutated_inputs(before: list[Any], after: list[Any], when: str) -> None:
+    for index, (original, given) in enumerate(zip(before, after)):
+        if isinstance(original, torch.Tensor) and not _same_tensor_values(original, given):
+            raise Rejection(Status.DECEPTIVE, "mutated_inputs", f"input {index} was modified in place {when}",
+                            "anti_gaming")
+
+
 def _output_bytes(outputs: list[Any]) -> int:
     return sum(leaf.numel() * leaf.element_size() for output in outputs for leaf in _flatten_outputs(output)
                if isinstance(leaf, torch.Tensor))
@@ -314,9 +321,7 @@ class CandidateJudge:
             self._synchronize()
         except Exception as exc:  # noqa: BLE001 - any failure of candidate code is its runtime error
             raise Rejection(Status.RUNTIME_ERROR, "candidate_raised", f"{type(exc).__name__}: {exc}"[:2000], stage) from exc
-        for index, (before, after) in enumerate(zip(inputs, given)):
-            if isinstance(before, torch.Tensor) and not _same_tensor_values(before, after):
-                raise Rejection(Status.DECEPTIVE, "mutated_inputs", f"input {index} was modified in place", "anti_gaming")
+        _reject_mutated_inputs(inputs, given, f"during a {stage} call")
         self.guard.check(f"during a ModelNew call ({stage})")
         return out
 
@@ -539,11 +544,7 @@ class CandidateJudge:
                     restore(pristine)  # the reference may legitimately work in place
                 else:
                     cand_out, c_ms, c_wall = self._timed(call_cand, flush)
-                    for index, (buf, orig) in enumerate(zip(buffers, pristine)):
-                        if isinstance(buf, torch.Tensor) and not _same_tensor_values(buf, orig):
-                            raise Rejection(Status.DECEPTIVE, "mutated_inputs",
-                                            f"input {index} was modified in place during timed call {sample}",
-                                            "anti_gaming")
+                    _reject_mutated_inputs(pristine, buffers, f"during timed call {sample}")
             ref_ms.append(r_ms)
             ref_wall.append(r_wall)
             cand_ms.append(c_ms)
@@ -566,8 +567,7 @@ class CandidateJudge:
         self.guard.check("during timing")
         ref_stats, cand_stats = timing_stats(ref_ms), timing_stats(cand_ms)
         cand_wall_med, ref_wall_med = statistics.median(cand_wall), statistics.median(ref_wall)
-        speedup = statistics.median(ratios)
-        low, high = median_interval(ratios)
+        speedup = statistics.median(ratios)  # (low, high): the interval the stopping rule computed last
         j.fields.update(reference_timing=ref_stats, candidate_timing=cand_stats,
                         speedup=speedup if math.isfinite(speedup) else None)
         j.fields.setdefault("provenance", {}).update(

@@ -329,8 +329,9 @@ def _check_statements(report: StaticReport, tree: ast.Module, facts: _ModuleFact
             if resolved in ("sys.modules",):
                 report.reject(Status.DECEPTIVE, "frame_or_gc_access", f"line {node.lineno}: reads sys.modules")
             parts = resolved.split(".")
+            # Checked where the chain first reaches the module (`torch.sys`), so `torch.sys.modules` counts once.
             if len(parts) >= 2 and parts[0] in facts.imported_roots and parts[0] not in REEXPORTED_STDLIB \
-                    and any(part in REEXPORTED_STDLIB for part in parts[1:]):
+                    and parts[-1] in REEXPORTED_STDLIB:
                 report.reject(Status.DECEPTIVE, "frame_or_gc_access",
                               f"line {node.lineno}: reaches a standard-library module through {resolved}")
             if reference_is_fp32 and resolved.startswith("torch.") and resolved.rsplit(".", 1)[-1] in HALF_DTYPE_ATTRS:
