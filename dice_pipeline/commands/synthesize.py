@@ -43,9 +43,14 @@ def run_synthesize(args: argparse.Namespace) -> int:
     from dice_pipeline.synthesis.backends import make_generator
     from dice_pipeline.verify import VerifyConfig, VerifyJob, verify_batch
 
-    tasks = structure_catalogue(args.family)
-    generator = make_generator(args.backend, base_url=args.base_url, model=args.model,
-                               api_key=os.environ.get("DICE_GENERATOR_API_KEY", ""), checkpoint_path=args.checkpoint)
+    try:
+        tasks = structure_catalogue(args.family)
+        generator = make_generator(args.backend, base_url=args.base_url, model=args.model,
+                                   api_key=os.environ.get("DICE_GENERATOR_API_KEY", ""),
+                                   checkpoint_path=args.checkpoint)
+    except ValueError as error:  # unknown family, backend settings missing
+        print(f"dice synthesize: {error}", file=sys.stderr)
+        return 2
     overrides = {"build_cache_dir": args.cache_dir} if args.cache_dir else {}
     config = VerifyConfig(execute=False if args.no_execute else None, build_without_gpu=args.compile_without_gpu,
                           verdict_store_dir=args.verdict_store or None, **overrides)

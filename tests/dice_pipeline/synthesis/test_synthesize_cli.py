@@ -32,3 +32,11 @@ def test_synthesize_writes_every_candidate_and_reuses_stored_verdicts(tmp_path, 
     assert all(r["reject_reason"] == "not_executed" for r in rows if r["task_id"] != first.task_id)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["candidates"] == len(tasks) and summary["kept"] == 1
+
+
+def test_bad_arguments_are_a_one_line_error(tmp_path, capsys):
+    assert dice_main(["synthesize", "--out", str(tmp_path), "--family", "nonsense"]) == 2
+    assert "unknown structure families ['nonsense']" in capsys.readouterr().err
+    assert dice_main(["synthesize", "--out", str(tmp_path), "--backend", "checkpoint"]) == 2
+    assert "needs checkpoint_path" in capsys.readouterr().err
+    assert not (tmp_path / "structure_instances.jsonl").exists()
