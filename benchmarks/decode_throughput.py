@@ -11,9 +11,20 @@ trained on, picked by a seeded shuffle). EOS stopping is off so every decoder wr
 Decoding steps are CUDA graphs for every decoder (`--also-eager` adds eager runs). Every ratio is against the AR
 decoder measured in the same process.
 
+`--init-from` starts from a pretrained model instead (a `.gguf` file such as SmolLM2-135M-Instruct's, or a local
+checkpoint directory: training/convert.py), with its own tokenizer plus a mask token, and converts it with
+--train-seconds of the same block-diffusion training (SDAR's recipe; 0 decodes the checkpoint as it is).
+
+Quality cost: faster settings commit tokens on less confidence. Besides token agreement with static decoding, every
+decoder's continuation is scored by the model itself: its block-diffusion loss on the continuation given the prompt
+(fixed noise, `continuation_loss`, lower = text the model finds more likely), next to the same score for the
+held-out file's true continuation.
+
     python benchmarks/decode_throughput.py --json decode.json     # H200: about 3.5 minutes (150 s of training)
     python benchmarks/decode_throughput.py --device cpu --preset tiny --train-seconds 5 --corpus-mb 0.3 \
         --new-tokens 16 --batch-sizes 1 2 --repeats 1 --vocab-size 512 --window 128   # CPU dry run
+    python benchmarks/decode_throughput.py --init-from SmolLM2-135M-Instruct.Q4_1.gguf --lr 1e-4 \
+        --train-seconds 240 --json decode.json                                       # converted SmolLM2
 """
 
 from __future__ import annotations
@@ -30,7 +41,8 @@ from pathlib import Path
 import torch
 
 from training.configuration_sdar import preset_config
-from training.diffusion import block_diffusion_loss, build_attention_mask, pack_block_diffusion
+from training.convert import load_pretrained_as_block_diffusion
+from training.diffusion import TokenizedSample, block_diffusion_loss, build_attention_mask, pack_block_diffusion
 from training.generate import autoregressive_generate, block_diffusion_generate
 from training.modeling_sdar import SDARForCausalLM
 from training.sft import SFTConfig, text_windows, train_block_diffusion
@@ -84,6 +96,24 @@ def heldout_loss(model, windows, device, block_size: int, mask_token_id: int) ->
         return block_diffusion_loss(model, batch, build_attention_mask(batch, "dense")).item()
 
 
+def continuation_loss(model, prompts, continuations, device, seeds: int = 4) -> float:
+    """The model's block-diffusion loss on `continuations` given `prompts` (only continuation tokens are masked and
+    scored), averaged over `seeds` fixed noise draws: how likely the model finds a decoded (or true) continuation."""
+    samples = []
+    for prompt, continuation in zip(prompts, continuations):
+        ids = torch.tensor(list(prompt) + [int(t) for t in continuation], dtype=torch.long)
+        samples.append(TokenizedSample(ids, torch.arange(ids.numel()) >= len(prompt)))
+    block_size = model.config.block_size
+    row_length = 2 * (max(s.input_ids.numel() for s in samples) + 2 * block_size)
+    total = 0.0
+    for seed in range(seeds):
+        batch = pack_block_diffusion(samples, model.config.mask_token_id, block_size, row_length,
+                                     torch.Generator().manual_seed(seed)).to(device)
+        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
+            total += block_diffusion_loss(model, batch, build_attention_mask(batch, "dense")).item()
+    return total / seeds
+
+
 def modes_label(graphed: bool, device: torch.device) -> str:
     return "graph" if graphed and device.type == "cuda" else "eager"
 
@@ -95,6 +125,9 @@ def main() -> None:
     parser.add_argument("--corpus-mb", type=float, default=24.0)
     parser.add_argument("--vocab-size", type=int, default=8192)
     parser.add_argument("--preset", default="small")
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="start from this pretrained model (.gguf file or checkpoint directory) and its "
+                             "tokenizer instead of a new BPE and a random --preset model")
     parser.add_argument("--train-seconds", type=float, default=150.0)
     parser.add_argument("--window", type=int, default=512)
     parser.add_argument("--rows-per-step", type=int, default=8, help="training batch: rows of 8 x --window tokens")
@@ -109,6 +142,8 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--batch1-prompts", type=int, default=4,
+                        help="batch 1 is timed over this many held-out prompts, decoded one after another")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--also-eager", action="store_true", help="also time every decoder without CUDA graphs")
     parser.add_argument("--save-model", type=Path, default=None, help="save the trained model + tokenizer here")
@@ -124,7 +159,12 @@ def main() -> None:
     texts = read_code_corpus(corpus, int(args.corpus_mb * 2**20))
     held_out = min(32, len(texts) // 4)  # prompts come from files the model never trained on
     heldout_texts, train_texts = texts[:held_out], texts[held_out:]
-    tokenizer = train_bpe_tokenizer(train_texts, vocab_size=args.vocab_size)
+    if args.init_from:
+        model, tokenizer = load_pretrained_as_block_diffusion(args.init_from, block_size=args.block_size)
+        model = model.float().to(device)
+        origin = f"{args.init_from.name} converted"
+    else:
+        tokenizer = train_bpe_tokenizer(train_texts, vocab_size=args.vocab_size)
     windows = text_windows(tokenizer, train_texts, args.window)
     heldout_windows = text_windows(tokenizer, heldout_texts, args.window)[:16]
     corpus_line = (f"{len(texts)} distinct .py files, {sum(map(len, texts)) / 2**20:.1f} MiB from "
@@ -132,33 +172,40 @@ def main() -> None:
     print(f"corpus: {corpus_line}; tokenizer {len(tokenizer)} tokens; {len(windows)} windows of {args.window} "
           f"({time.perf_counter() - started:.0f}s)", flush=True)
 
-    config = preset_config(args.preset, vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
-                           block_size=args.block_size, eos_token_id=tokenizer.eos_token_id,
-                           pad_token_id=tokenizer.pad_token_id)
-    model = SDARForCausalLM(config).to(device)
-    loss_before = heldout_loss(model, heldout_windows, device, args.block_size, config.mask_token_id)
-    history = train_block_diffusion(model, windows, SFTConfig(
-        learning_rate=args.lr, warmup_steps=args.warmup_steps, final_lr_ratio=0.1, epochs=1000,
-        max_seconds=args.train_seconds, rows_per_step=args.rows_per_step, row_length=8 * args.window,
-        attention_backend="dense"))  # dense SDPA: no compile time eaten out of the short training budget
+    if not args.init_from:
+        config = preset_config(args.preset, vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id,
+                               block_size=args.block_size, eos_token_id=tokenizer.eos_token_id,
+                               pad_token_id=tokenizer.pad_token_id)
+        model = SDARForCausalLM(config).to(device)
+        origin = f"{args.preset} random init"
+    mask_token_id = model.config.mask_token_id
+    loss_before = heldout_loss(model, heldout_windows, device, args.block_size, mask_token_id)
+    history = []
+    if args.train_seconds > 0:
+        history = train_block_diffusion(model, windows, SFTConfig(
+            learning_rate=args.lr, warmup_steps=args.warmup_steps, final_lr_ratio=0.1, epochs=1000,
+            max_seconds=args.train_seconds, rows_per_step=args.rows_per_step, row_length=8 * args.window,
+            attention_backend="dense"))  # dense SDPA: no compile time eaten out of the short training budget
     trained_tokens = sum(r["clean_tokens"] for r in history)
-    train_loss = sum(r["loss"] for r in history[-20:]) / len(history[-20:])
-    loss_after = heldout_loss(model, heldout_windows, device, args.block_size, config.mask_token_id)
+    train_loss = sum(r["loss"] for r in history[-20:]) / max(1, len(history[-20:]))
+    loss_after = heldout_loss(model, heldout_windows, device, args.block_size, mask_token_id)
     epochs = trained_tokens / max(1, len(windows) * args.window)
-    model_line = (f"{args.preset} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), block-diffusion "
+    model_line = (f"{origin} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), block-diffusion "
                   f"loss only, lr {args.lr:g} cosine to {args.lr / 10:g}, {len(history)} steps, "
                   f"{trained_tokens / 1e6:.1f}M clean tokens ({epochs:.1f} epochs), "
-                  f"{history[-1]['seconds']:.0f}s")
-    print(f"trained {model_line}; train loss {history[0]['loss']:.2f} -> {train_loss:.2f} (mean of the last 20 "
+                  f"{history[-1]['seconds'] if history else 0:.0f}s")
+    first_loss = history[0]["loss"] if history else float("nan")
+    print(f"trained {model_line}; train loss {first_loss:.2f} -> {train_loss:.2f} (mean of the last 20 "
           f"steps); held-out loss {loss_before:.2f} -> {loss_after:.2f}", flush=True)
     model = model.to(torch.bfloat16).eval()
     if args.save_model:
         model.save_pretrained(args.save_model)
         tokenizer.save_pretrained(args.save_model)
 
-    prompts_all = [tokenizer(text, add_special_tokens=False)["input_ids"][: args.prompt_tokens]
-                   for text in heldout_texts]
-    common = dict(pad_token_id=tokenizer.pad_token_id)
+    heldout_ids = tokenizer(heldout_texts, add_special_tokens=False)["input_ids"]
+    prompts_all = [ids[: args.prompt_tokens] for ids in heldout_ids]
+    pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    common = dict(pad_token_id=pad_token_id)
     block = dict(steps=args.steps, threshold=args.threshold, **common)
     decoders = {  # name -> decode(prompts, cuda_graph, graphs)
         "autoregressive": lambda p, g, graphs: autoregressive_generate(model, p, args.new_tokens, cuda_graph=g,
@@ -172,31 +219,56 @@ def main() -> None:
     graph_note = "CUDA graphs" if device.type == "cuda" else "eager (CPU)"
     print(f"{device_name} | torch {torch.__version__} | bf16 | block {args.block_size}, {args.steps} steps, "
           f"threshold {args.threshold} | {args.new_tokens} new tokens, prompts of {args.prompt_tokens} tokens | "
-          f"{graph_note}", flush=True)
+          f"batch 1 over {args.batch1_prompts} prompts one after another | {graph_note}", flush=True)
+
+    def prompt_groups(batch_size: int) -> list[list[list[int]]]:
+        """Batch 1 decodes --batch1-prompts prompts one at a time (a single prompt's confidence is too noisy a
+        sample); a larger batch decodes its first `batch_size` prompts together."""
+        if batch_size == 1:
+            return [[prompt] for prompt in prompts_all[: args.batch1_prompts]]
+        return [prompts_all[:batch_size]] if len(prompts_all) >= batch_size else []
+
+    def run_groups(decode, groups, graphed: bool):
+        """Time `decode` over every group (the first pass captures the graphs, timed passes replay them); returns
+        seconds for all groups, total forwards, and the tokens of all groups stacked."""
+        graphs: dict = {}
+        run_all = lambda: [decode(group, graphed, graphs) for group in groups]
+        run_all()
+        seconds, outs = timed(run_all, args.repeats, device)
+        return seconds, sum(o.num_forwards for o in outs), torch.cat([o.tokens for o in outs])
+
+    def quality(groups, tokens) -> float:
+        return continuation_loss(model, [p for group in groups for p in group], tokens.tolist(), device)
+
+    truth_score = {}  # batch size -> the held-out files' true continuations, scored the same way
     results, ratios = [], []
     outputs_by_batch: dict[int, torch.Tensor] = {}  # static decoding's tokens: the sweep's quality reference
     for batch_size in args.batch_sizes:
-        prompts = prompts_all[:batch_size]
-        if len(prompts) < batch_size:
-            print(f"batch {batch_size}: only {len(prompts)} held-out prompts; skipped")
+        groups = prompt_groups(batch_size)
+        if not groups:
+            print(f"batch {batch_size}: only {len(prompts_all)} held-out prompts; skipped")
             continue
+        rows = sum(len(group) for group in groups)
+        long_enough = [len(ids) >= args.prompt_tokens + args.new_tokens for ids in heldout_ids[:rows]]
+        if all(long_enough):
+            truth = [ids[args.prompt_tokens: args.prompt_tokens + args.new_tokens] for ids in heldout_ids[:rows]]
+            truth_score[batch_size] = quality(groups, torch.tensor(truth))
         for graphed in modes:
             mode = modes_label(graphed, device)
-            speeds, outputs = {}, {}
+            speeds, outputs, scores = {}, {}, {}
             for name, decode in decoders.items():
-                graphs: dict = {}  # the warm-up call captures the graphs, the timed calls replay them
-                run_once = functools.partial(decode, prompts, graphed, graphs)
-                run_once()
-                seconds, result = timed(run_once, args.repeats, device)
-                speeds[name] = batch_size * args.new_tokens / seconds
-                outputs[name] = result.tokens
+                seconds, forwards, tokens = run_groups(decode, groups, graphed)
+                speeds[name] = rows * args.new_tokens / seconds
+                outputs[name] = tokens
+                scores[name] = quality(groups, tokens)
+                per_forward = len(groups) * args.new_tokens / forwards  # tokens a row commits per forward
                 results.append(dict(batch=batch_size, mode=mode, decoder=name, tokens_per_s=round(speeds[name], 1),
-                                    forwards=result.num_forwards,
-                                    tokens_per_forward=round(args.new_tokens / result.num_forwards, 2),
-                                    ms_per_forward=round(1000 * seconds / result.num_forwards, 3)))
+                                    forwards=forwards, tokens_per_forward=round(per_forward, 2),
+                                    ms_per_forward=round(1000 * seconds / forwards, 3),
+                                    continuation_loss=round(scores[name], 4)))
                 print(f"batch {batch_size:2d} {mode:5s} {name:14s} {speeds[name]:9.1f} tok/s  "
-                      f"{result.num_forwards:4d} forwards ({args.new_tokens / result.num_forwards:.2f} tokens a row "
-                      f"a forward)  {1000 * seconds / result.num_forwards:.3f} ms/forward", flush=True)
+                      f"{forwards:4d} forwards ({per_forward:.2f} tokens a row a forward)  "
+                      f"{1000 * seconds / forwards:.3f} ms/forward  continuation loss {scores[name]:.3f}", flush=True)
             if mode == modes_label(modes[0], device):
                 outputs_by_batch[batch_size] = outputs["static"]
             agreement = {pair: round((outputs[pair[0]] == outputs[pair[1]]).float().mean().item(), 3)
@@ -206,31 +278,34 @@ def main() -> None:
                            dynamic_vs_ar=round(speeds["dynamic"] / speeds["autoregressive"], 3),
                            static_vs_ar=round(speeds["static"] / speeds["autoregressive"], 3),
                            dynamic_vs_static=round(speeds["dynamic"] / speeds["static"], 3),
-                           agreement={f"{a}={b}": value for (a, b), value in agreement.items()})
+                           agreement={f"{a}={b}": value for (a, b), value in agreement.items()},
+                           true_continuation_loss=truth_score.get(batch_size))
             ratios.append(summary)
+            truth_note = (f"; true continuation loss {truth_score[batch_size]:.3f}"
+                          if batch_size in truth_score else "")
             print(f"batch {batch_size:2d} {mode:5s} ratios: dynamic/AR {summary['dynamic_vs_ar']:.2f}x  "
                   f"static/AR {summary['static_vs_ar']:.2f}x  dynamic/static {summary['dynamic_vs_static']:.2f}x  "
-                  f"| same token as: " + ", ".join(f"{a}~{b} {v:.1%}" for (a, b), v in agreement.items()),
-                  flush=True)
+                  f"| same token as: " + ", ".join(f"{a}~{b} {v:.1%}" for (a, b), v in agreement.items())
+                  + truth_note, flush=True)
     sweep = []
     ar_batch1 = next((r for r in results if r["batch"] == 1 and r["decoder"] == "autoregressive"
-                      and r["mode"] == ("graph" if device.type == "cuda" else "eager")), None)
+                      and r["mode"] == modes_label(True, device)), None)
     static_batch1 = outputs_by_batch.get(1)
     for threshold in args.sweep_thresholds if ar_batch1 and static_batch1 is not None else []:
-        graphs = {}
-        run_once = functools.partial(block_diffusion_generate, model, prompts_all[:1], args.new_tokens,
-                                     strategy="dynamic", cuda_graph=True, graphs=graphs,
-                                     **{**block, "threshold": threshold})
-        run_once()
-        seconds, result = timed(run_once, args.repeats, device)
-        row = dict(threshold=threshold, tokens_per_s=round(args.new_tokens / seconds, 1),
-                   vs_ar=round(args.new_tokens / seconds / ar_batch1["tokens_per_s"], 3),
-                   tokens_per_forward=round(args.new_tokens / result.num_forwards, 2),
-                   same_token_as_static=round((result.tokens == static_batch1).float().mean().item(), 3))
+        groups = prompt_groups(1)
+        decode = functools.partial(lambda p, g, graphs, t: block_diffusion_generate(
+            model, p, args.new_tokens, strategy="dynamic", cuda_graph=g, graphs=graphs, **{**block, "threshold": t}),
+            t=threshold)
+        seconds, forwards, tokens = run_groups(decode, groups, True)
+        row = dict(threshold=threshold, tokens_per_s=round(len(groups) * args.new_tokens / seconds, 1),
+                   vs_ar=round(len(groups) * args.new_tokens / seconds / ar_batch1["tokens_per_s"], 3),
+                   tokens_per_forward=round(len(groups) * args.new_tokens / forwards, 2),
+                   same_token_as_static=round((tokens == static_batch1).float().mean().item(), 3),
+                   continuation_loss=round(quality(groups, tokens), 4))
         sweep.append(row)
         print(f"batch  1 dynamic threshold {threshold:<5g} {row['tokens_per_s']:9.1f} tok/s  vs AR "
               f"{row['vs_ar']:.2f}x  {row['tokens_per_forward']:.2f} tokens a forward  same token as static "
-              f"{row['same_token_as_static']:.1%}", flush=True)
+              f"{row['same_token_as_static']:.1%}  continuation loss {row['continuation_loss']:.3f}", flush=True)
     sample = block_diffusion_generate(model, prompts_all[:1], 96, strategy="dynamic", threshold=args.threshold,
                                       **common)
     print("--- dynamic sample continuation of held-out prompt 0:\n" + tokenizer.decode(sample.tokens[0]))
@@ -241,9 +316,9 @@ def main() -> None:
                            device=device_name, torch=torch.__version__,
                            args={k: str(v) for k, v in vars(args).items()}, corpus=corpus_line, model=model_line,
                            train_steps=len(history), train_clean_tokens=trained_tokens,
-                           train_loss_first=history[0]["loss"], train_loss_last20=train_loss,
+                           train_loss_first=first_loss, train_loss_last20=train_loss,
                            heldout_loss_before=loss_before, heldout_loss_after=loss_after,
-                           results=results, ratios=ratios, threshold_sweep=sweep,
+                           results=results, ratios=ratios, threshold_sweep=sweep, true_continuation_loss=truth_score,
                            seconds=round(time.perf_counter() - started)),
                       handle, indent=2)
 

@@ -4,8 +4,12 @@
 # what you keep into benchmarks/results/ and benchmarks/RESULTS.md.
 #
 #   benchmarks/gpu_suite.sh OUT_DIR [PART ...]      PART: tests verify synthesis train decode (default: all)
+#                                                    or decode-smollm2 (not in the default set)
 #
-# Rough H200 timings: tests 5 min, verify 8 min, synthesis 5 min, train 3 min, decode 3 min.
+# Rough H200 timings: tests 5 min, verify 10 min, synthesis 5 min, train 3 min, decode 3.5 min, decode-smollm2 6 min.
+# decode-smollm2 converts SmolLM2-135M-Instruct (4 minutes of block-diffusion training) and benchmarks its decoding;
+# it needs SMOLLM2_GGUF (the path of SmolLM2-135M-Instruct.Q4_1.gguf, 98 MB: over one device call's 64 MiB, so carry
+# it in two halves and join them there) and the `gguf` package (carry its wheel; accelerate is in the GPU image).
 set -u
 OUT=${1:?usage: benchmarks/gpu_suite.sh OUT_DIR [tests|verify|synthesis|train|decode ...]}
 shift
@@ -44,6 +48,12 @@ for part in $PARTS; do
             step train_throughput 400 python3 benchmarks/train_throughput.py --json "$OUT/train_throughput.json" ;;
         decode)
             step decode_throughput 400 python3 benchmarks/decode_throughput.py --json "$OUT/decode_throughput.json" ;;
+        decode-smollm2)
+            if [ ! -f "${SMOLLM2_GGUF:-}" ] || ! python3 -c "import gguf" 2>/dev/null; then
+                echo "decode-smollm2 needs SMOLLM2_GGUF=<path of the .gguf file> and the gguf package" >&2; exit 2
+            fi
+            step decode_smollm2 600 python3 benchmarks/decode_throughput.py --init-from "$SMOLLM2_GGUF" --lr 1e-4 \
+                --train-seconds 240 --json "$OUT/decode_smollm2.json" ;;
         *) echo "unknown part $part" >&2; exit 2 ;;
     esac
 done

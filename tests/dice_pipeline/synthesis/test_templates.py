@@ -26,9 +26,9 @@ from dice_pipeline.synthesis.templates import (
     render_candidate,
     render_cuda_source,
 )
-from dice_pipeline.verify.static_checks import check_candidate_source, cuda_kernel_names
+from dice_pipeline.verify.static_checks import check_candidate_source
 
-from .test_catalogue import SMALL, build, small_task
+from .test_catalogue import build, small_task
 
 CUDA_DIR = Path(__file__).resolve().parents[3] / "dice_pipeline" / "synthesis" / "cuda"
 
