@@ -27,3 +27,10 @@ def test_tests_part_runs_and_records_each_step(tmp_path):
     assert summary.count("exit 0") == 3 and summary.rstrip().endswith("ALL_DONE"), summary
     for name in ("tests_verify", "tests_synthesis", "tests_training"):
         assert (tmp_path / f"{name}.log").exists()
+
+
+def test_smollm2_decode_part_names_what_it_needs(tmp_path):
+    env = {**os.environ, "SMOLLM2_GGUF": str(tmp_path / "missing.gguf")}
+    result = subprocess.run(["bash", str(SCRIPT), str(tmp_path), "decode-smollm2"], capture_output=True, text=True,
+                            env=env)
+    assert result.returncode == 2 and "SMOLLM2_GGUF" in result.stderr
