@@ -162,7 +162,7 @@ def main() -> None:
     if args.init_from:
         model, tokenizer = load_pretrained_as_block_diffusion(args.init_from, block_size=args.block_size)
         model = model.float().to(device)
-        origin = f"{args.init_from.name} converted"
+        origin = f"{args.init_from.name} (pretrained, loaded as SDAR)"
     else:
         tokenizer = train_bpe_tokenizer(train_texts, vocab_size=args.vocab_size)
     windows = text_windows(tokenizer, train_texts, args.window)
@@ -187,16 +187,19 @@ def main() -> None:
             max_seconds=args.train_seconds, rows_per_step=args.rows_per_step, row_length=8 * args.window,
             attention_backend="dense"))  # dense SDPA: no compile time eaten out of the short training budget
     trained_tokens = sum(r["clean_tokens"] for r in history)
-    train_loss = sum(r["loss"] for r in history[-20:]) / max(1, len(history[-20:]))
+    train_loss = sum(r["loss"] for r in history[-20:]) / len(history[-20:]) if history else None
     loss_after = heldout_loss(model, heldout_windows, device, args.block_size, mask_token_id)
     epochs = trained_tokens / max(1, len(windows) * args.window)
     model_line = (f"{origin} ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M params), block-diffusion "
                   f"loss only, lr {args.lr:g} cosine to {args.lr / 10:g}, {len(history)} steps, "
                   f"{trained_tokens / 1e6:.1f}M clean tokens ({epochs:.1f} epochs), "
                   f"{history[-1]['seconds'] if history else 0:.0f}s")
-    first_loss = history[0]["loss"] if history else float("nan")
-    print(f"trained {model_line}; train loss {first_loss:.2f} -> {train_loss:.2f} (mean of the last 20 "
-          f"steps); held-out loss {loss_before:.2f} -> {loss_after:.2f}", flush=True)
+    first_loss = history[0]["loss"] if history else None
+    if history:
+        print(f"trained {model_line}; train loss {first_loss:.2f} -> {train_loss:.2f} (mean of the last 20 "
+              f"steps); held-out loss {loss_before:.2f} -> {loss_after:.2f}", flush=True)
+    else:
+        print(f"not trained (--train-seconds 0): {origin}; held-out loss {loss_after:.2f}", flush=True)
     model = model.to(torch.bfloat16).eval()
     if args.save_model:
         model.save_pretrained(args.save_model)
