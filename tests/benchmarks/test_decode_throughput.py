@@ -40,3 +40,27 @@ def test_cpu_dry_run_writes_every_measurement(tmp_path):
     (sweep,) = report["threshold_sweep"]
     assert sweep["threshold"] == 0.5 and math.isfinite(sweep["continuation_loss"])
     assert 0 < sweep["tokens_per_forward"] <= 4
+
+
+def run_dry(tmp_path, name: str, *extra: str) -> dict:
+    out = tmp_path / f"{name}.json"
+    corpus = Path(__import__("transformers").__file__).parent
+    command = [sys.executable, str(SCRIPT), "--device", "cpu", "--corpus", str(corpus), "--corpus-mb", "0.3",
+               "--new-tokens", "8", "--batch-sizes", "1", "--batch1-prompts", "2", "--repeats", "1",
+               "--window", "128", "--sweep-thresholds", "--json", str(out), *extra]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=ROOT,
+                            env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_init_from_a_saved_checkpoint_decodes_what_was_saved(tmp_path):
+    trained = run_dry(tmp_path, "trained", "--preset", "tiny", "--vocab-size", "512", "--train-seconds", "2",
+                      "--save-model", str(tmp_path / "model"))
+    loaded = run_dry(tmp_path, "loaded", "--init-from", str(tmp_path / "model"), "--train-seconds", "0")
+    assert loaded["train_steps"] == 0 and "pretrained" in loaded["model"]
+    # Same weights, same tokenizer, same held-out prompts: every decoder writes (and scores) the same continuation.
+    def scores(report: dict) -> dict:
+        return {r["decoder"]: r["continuation_loss"] for r in report["results"]}
+
+    assert scores(loaded) == scores(trained)
