@@ -21,6 +21,13 @@ Policy (each finding is a `Reason` with stage "static"; `deceptive` findings rej
 - `dynamic_code` (deceptive): `__import__`, `eval`, `exec`, `compile`: code these checks cannot read.
 - `tensor_subclass` (deceptive): `__torch_function__`/`__torch_dispatch__`/Tensor subclasses (lazy outputs).
 - `precision_downgrade` (deceptive): fp16/bf16/TF32 arithmetic in a candidate whose reference is fp32-only.
+- Kernels that are not the candidate's CUDA doing the work, each deceptive: `compiled_torch_code` (`torch.compile`,
+  dynamo/inductor, TorchScript `jit.script`/`trace`, the jiterator: PyTorch code compiled into fused kernels, whose
+  speedup over eager is the compiler's), `foreign_kernel_backend` (Triton, CuPy, Numba, PyCUDA, cuda-python, TVM,
+  TileLang, Warp, the CUTLASS Python DSL, ...: kernels outside the CUDA sources being judged), and
+  `cuda_graph_capture` (`torch.cuda.graph`/`CUDAGraph`/`make_graphed_callables` from Python: replaying captured
+  PyTorch ops removes the launch overhead the eager baseline pays, a speedup with no kernel written). Found in any
+  use of the name (call, decorator, alias, import, `getattr` with a constant name), not only on the forward path.
 """
 
 from __future__ import annotations
@@ -78,6 +85,14 @@ GLOBAL_FLAG_CALLS = frozenset(
         "torch.backends.cuda.enable_math_sdp", "torch.backends.cuda.enable_mem_efficient_sdp",
     }
 )
+# Names (and everything under them) that put work in kernels other than the candidate's own CUDA; see the policy.
+COMPILED_TORCH_NAMES = ("torch.compile", "torch.compiler", "torch._dynamo", "torch._inductor", "torch.jit.script",
+                        "torch.jit.trace", "torch.jit.trace_module", "torch.jit.freeze",
+                        "torch.jit.optimize_for_inference", "torch.cuda.jiterator", "torch._C._jit")
+GRAPH_CAPTURE_NAMES = ("torch.cuda.graph", "torch.cuda.graphs", "torch.cuda.CUDAGraph",
+                       "torch.cuda.make_graphed_callables")
+FOREIGN_KERNEL_MODULES = frozenset({"triton", "cupy", "cupyx", "numba", "pycuda", "cuda", "tvm", "tilelang", "warp",
+                                    "cutlass", "taichi", "jax", "tensorflow", "hidet", "thunderkittens"})
 STREAM_ATTRS = frozenset({"Stream", "stream", "ExternalStream", "set_stream", "StreamContext"})
 HALF_DTYPE_ATTRS = frozenset({"float16", "half", "bfloat16"})
 HALF_CAST_METHODS = frozenset({"half", "bfloat16"})
@@ -405,6 +420,44 @@ def _check_imports(report: StaticReport, facts: _ModuleFacts) -> None:
                       f"imports {root}: other processes, signals or sockets act outside the judged call")
 
 
+def _named_under(name: str, roots: tuple[str, ...]) -> bool:
+    return any(name == root or name.startswith(root + ".") for root in roots)
+
+
+def _check_kernel_sources(report: StaticReport, tree: ast.Module, facts: _ModuleFacts) -> None:
+    """Kernels other than the candidate's own CUDA doing the work: compiled PyTorch, other kernel languages, and
+    replayed graphs of PyTorch ops (see the policy above). One reason per code, at its first use."""
+    uses: dict[str, list[tuple[int, str]]] = {}
+
+    def classify(name: str, line: int) -> None:
+        if _named_under(name, COMPILED_TORCH_NAMES):
+            uses.setdefault("compiled_torch_code", []).append((line, name))
+        elif _named_under(name, GRAPH_CAPTURE_NAMES):
+            uses.setdefault("cuda_graph_capture", []).append((line, name))
+        elif name.split(".")[0] in FOREIGN_KERNEL_MODULES and name.split(".")[0] in facts.imported_roots:
+            uses.setdefault("foreign_kernel_backend", []).append((line, name))
+
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            module = (node.module or "") if isinstance(node, ast.ImportFrom) else ""
+            for alias in node.names:
+                classify(f"{module}.{alias.name}" if module else alias.name, node.lineno)
+        elif isinstance(node, (ast.Attribute, ast.Name)):
+            classify(facts.resolve(node) or "", node.lineno)
+        elif isinstance(node, ast.Call) and (facts.resolve(node.func) or "") in ("getattr", "builtins.getattr") \
+                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
+                and isinstance(node.args[1].value, str) and facts.resolve(node.args[0]):
+            classify(f"{facts.resolve(node.args[0])}.{node.args[1].value}", node.lineno)
+    what = {"compiled_torch_code": "PyTorch code compiled into kernels that are not the candidate's CUDA",
+            "cuda_graph_capture": "a replayed graph of PyTorch ops is launch overhead removed, not a kernel written",
+            "foreign_kernel_backend": "kernels from another language or library, not the CUDA sources being judged"}
+    for code, found in uses.items():
+        line, name = min(found)
+        more = len({n for _, n in found} - {name})
+        report.reject(Status.DECEPTIVE, code, f"line {line}: {name}{f' (and {more} more)' if more else ''}: "
+                                              f"{what[code]}")
+
+
 def _check_cuda_text(report: StaticReport, text: str, reference_is_fp32: bool) -> None:
     for code, pattern, message in CUDA_TEXT_PATTERNS:
         match = pattern.search(text)
@@ -435,5 +488,6 @@ def check_candidate_source(reference_src: str, candidate_src: str, *, forbid_tor
     _check_model_new(report, tree, facts, forbid_torch_compute_on_forward)
     _check_statements(report, tree, facts, reference_is_fp32)
     _check_imports(report, facts)
+    _check_kernel_sources(report, tree, facts)
     _check_cuda_text(report, cuda_text, reference_is_fp32)
     return report

@@ -71,3 +71,18 @@ def test_registered_custom_op_counts_as_extension_call_but_aten_does_not():
     assert check_candidate_source(REFERENCE, custom).extension_calls_on_forward == 1
     aten = check_candidate_source(REFERENCE, candidate(forward="return torch.ops.aten.relu(x)"))
     assert aten.extension_calls_on_forward == 0 and aten.status == Status.DECEPTIVE
+
+
+def test_kernel_source_checks_leave_ordinary_code_alone():
+    # torch.cuda utilities, TorchScript's no-op decorators' neighbours and local names that match a library's name
+    # (warp, cuda) are not foreign kernels unless that library is imported.
+    source = candidate(prelude="warp = 32\ncuda = torch.cuda", forward="torch.cuda.synchronize()\n"
+                               "s = torch.cuda.current_stream()\nreturn relu2_ext.relu2(x)")
+    report = check_candidate_source(REFERENCE, source)
+    assert report.status is None, [r.message for r in report.reasons]
+
+
+def test_each_kernel_source_reason_is_given_once_with_its_first_use():
+    source = candidate(prelude="import triton\nimport triton.language as tl\nA = tl.constexpr\nB = tl.arange")
+    reasons = [r for r in check_candidate_source(REFERENCE, source).reasons if r.code == "foreign_kernel_backend"]
+    assert len(reasons) == 1 and "triton" in reasons[0].message and "more" in reasons[0].message
