@@ -98,8 +98,9 @@ HALF_DTYPE_ATTRS = frozenset({"float16", "half", "bfloat16"})
 HALF_CAST_METHODS = frozenset({"half", "bfloat16"})
 
 CUDA_TEXT_PATTERNS: list[tuple[str, re.Pattern[str], str]] = [
-    ("side_stream", re.compile(r"cudaStreamCreate\w*|getStreamFromPool|cudaStreamNonBlocking"),
-     "creates a CUDA stream; work on a side stream escapes the timer"),
+    ("side_stream", re.compile(r"cudaStreamCreate\w*|getStreamFromPool|cudaStreamNonBlocking|cudaStreamPerThread"
+                               r"|CU_STREAM_PER_THREAD|default-stream[ =]+per-thread|CUDA_API_PER_THREAD_DEFAULT_STREAM"),
+     "creates or selects another CUDA stream (per-thread default streams too); its work escapes the timer"),
     ("thread_spawn", re.compile(r"std::j?thread\b|std::async\b|pthread_create|#\s*include\s*<thread>"),
      "spawns a host thread from C++"),
     ("process_spawn", re.compile(r"\b(?:fork|vfork|popen|system|execv\w*|execl\w*|posix_spawn\w*)\s*\("),

@@ -109,6 +109,11 @@ STATIC_CASES = [
     Case("cpp_side_stream", candidate(cuda_source=HONEST_KERNEL.replace(
         "auto y = torch::empty_like(x);", "cudaStream_t s; cudaStreamCreate(&s);\n    auto y = torch::empty_like(x);")),
          "deceptive", ("side_stream",)),
+    Case("per_thread_default_stream", candidate().replace("verbose=False", "verbose=False,\n"
+                                                          "                        extra_cflags=['--default-stream=per-thread']"),
+         "deceptive", ("side_stream",)),
+    Case("cpp_per_thread_stream_handle", candidate(cuda_source=HONEST_KERNEL.replace(
+        "<<<(n + 255) / 256, 256>>>", "<<<(n + 255) / 256, 256, 0, cudaStreamPerThread>>>")), "deceptive", ("side_stream",)),
     Case("python_thread", candidate(prelude="import threading", forward="t = threading.Thread(target=lambda: None)\n"
                                     "t.start()\nreturn relu2_ext.relu2(x)"), "deceptive", ("thread_spawn",)),
     Case("cpp_thread", candidate(cuda_source="#include <thread>\n" + HONEST_KERNEL), "deceptive", ("thread_spawn",)),
