@@ -2,7 +2,8 @@
 
 Sources: the Hugging Face hub id (`datasets.load_dataset`), a `save_to_disk` directory, one `.arrow` file (stream or
 file format), Parquet, JSONL, or the seed corpus shipped with the project. Every row read ends up either accepted or
-in the rejects frame with a reason code: rows in == accepted + rejected.
+in the rejects frame with a reason code: rows in == accepted + rejected. Code saved as a model's markdown answer is
+taken out of its fence when only the fenced block parses; the accepted row records it in `normalisations`.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 
 import polars as pl
 
+from dice_pipeline.prompts import extract_code_block
 from dice_pipeline.schemas import (
     CONCUR_KNOWN_COLUMNS,
     CONCUR_PAIRS,
@@ -198,6 +200,19 @@ def _parse(code: str) -> ast.Module | str:
         return str(exc)
 
 
+def unwrap_markdown_code(column: str, text: Any) -> tuple[Any, str | None]:
+    """Code saved as a model's answer (a fenced markdown block, maybe with prose or a `<think>` trace around it) is
+    taken out of the fence when the text as a whole does not parse and the block does. Returns (code, what was
+    done, or None when the text is used as it is)."""
+    if not isinstance(text, str) or not isinstance(_parse(text), str):
+        return text, None
+    block = extract_code_block(text)
+    if block is None or isinstance(_parse(block), str):
+        return text, None
+    dropped = len(text) - len(block.strip())
+    return block, f"{column}: code taken from a fenced markdown block ({dropped} characters around it dropped)"
+
+
 def check_pair(fields: dict[str, Any]) -> tuple[str, str] | None:
     """Return (reason_code, message) for the first problem with one row, or None if the row is usable.
 
@@ -281,11 +296,15 @@ def validate_concur_rows(rows: Iterable[SourceRow], source_name: str) -> tuple[p
         if row.read_error is not None:
             reject(row, *row.read_error)
             continue
-        problem = check_pair(row.fields)
+        fields = dict(row.fields)
+        notes = []
+        for column in ("pytorch_code", "generated_code"):
+            fields[column], note = unwrap_markdown_code(column, fields.get(column))
+            notes += [note] if note else []
+        problem = check_pair(fields)
         if problem is not None:
-            reject(row, *problem)
+            reject(row, *problem)  # the snapshot is the row as read, before any unwrapping
             continue
-        fields = row.fields
         uuid = str(fields["uuid"])
         digest = content_sha256(fields["pytorch_code"], fields["generated_code"])
         if digest in seen_content:
@@ -310,6 +329,7 @@ def validate_concur_rows(rows: Iterable[SourceRow], source_name: str) -> tuple[p
                 "source_row": row.index,
                 "content_sha256": digest,
                 "extra_json": json.dumps(extra, sort_keys=True),
+                "normalisations": "; ".join(notes) or None,
             }
         )
     return (

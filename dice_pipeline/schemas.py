@@ -34,6 +34,7 @@ CONCUR_PAIRS = pl.Schema(
         "source_row": pl.Int64,  # 0-based row index in the source, for tracing a row back
         "content_sha256": pl.String,  # hash of the whitespace-normalised reference + candidate
         "extra_json": pl.String,  # source columns beyond CONCUR_KNOWN_COLUMNS, as a JSON object
+        "normalisations": pl.String,  # what ingestion changed in the row's code before judging it; null: nothing
     }
 )
 

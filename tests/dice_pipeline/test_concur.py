@@ -149,3 +149,29 @@ def test_missing_optional_columns_become_null(tmp_path, pair_factory):
     assert rejects.height == 0
     assert accepted.row(0, named=True)["speedup_over_eager"] is None
     assert accepted.row(0, named=True)["problem_name"] is None
+
+
+def test_code_saved_as_a_markdown_answer_is_unwrapped_and_the_row_says_so(tmp_path, pair_factory):
+    plain = pair_factory(0)
+    fenced = pair_factory(1)
+    code = fenced["generated_code"]
+    fenced["generated_code"] = ("<think>first a draft</think>\nHere is the optimized model:\n\n```python\n" + code
+                                + "\n```\n\nIt fuses the two ops.")
+    broken = pair_factory(2)
+    broken["generated_code"] = "Here it is:\n```python\nclass ModelNew(:\n```"
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("\n".join(json.dumps(row) for row in (plain, fenced, broken)))
+    accepted, rejects, _ = ingest(ConcurSource.parse(str(path)))
+
+    by_uuid = {row["uuid"]: row for row in accepted.iter_rows(named=True)}
+    assert by_uuid["pair-0"]["normalisations"] is None
+    assert by_uuid["pair-0"]["generated_code"] == plain["generated_code"]
+    unwrapped = by_uuid["pair-1"]
+    assert unwrapped["generated_code"].strip() == code.strip()
+    assert unwrapped["normalisations"].startswith("generated_code: code taken from a fenced markdown block")
+    # The hash is of the code that will be judged, so the same pair fenced and plain is one pair.
+    assert unwrapped["content_sha256"] == concur.content_sha256(fenced["pytorch_code"], code)
+    # A fence around code that still does not parse is rejected, and the snapshot is the row as read.
+    (reject,) = rejects.iter_rows(named=True)
+    assert reject["reason_code"] == "unparseable_candidate" and reject["uuid"] == "pair-2"
+    assert json.loads(reject["row_json"])["generated_code"] == broken["generated_code"]
