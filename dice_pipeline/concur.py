@@ -20,7 +20,7 @@ from typing import Any
 
 import polars as pl
 
-from dice_pipeline.prompts import extract_code_block
+from dice_pipeline.prompts import unwrap_code_answer
 from dice_pipeline.schemas import (
     CONCUR_KNOWN_COLUMNS,
     CONCUR_PAIRS,
@@ -200,19 +200,6 @@ def _parse(code: str) -> ast.Module | str:
         return str(exc)
 
 
-def unwrap_markdown_code(column: str, text: Any) -> tuple[Any, str | None]:
-    """Code saved as a model's answer (a fenced markdown block, maybe with prose or a `<think>` trace around it) is
-    taken out of the fence when the text as a whole does not parse and the block does. Returns (code, what was
-    done, or None when the text is used as it is)."""
-    if not isinstance(text, str) or not isinstance(_parse(text), str):
-        return text, None
-    block = extract_code_block(text)
-    if block is None or isinstance(_parse(block), str):
-        return text, None
-    dropped = len(text) - len(block.strip())
-    return block, f"{column}: code taken from a fenced markdown block ({dropped} characters around it dropped)"
-
-
 def check_pair(fields: dict[str, Any]) -> tuple[str, str] | None:
     """Return (reason_code, message) for the first problem with one row, or None if the row is usable.
 
@@ -299,8 +286,11 @@ def validate_concur_rows(rows: Iterable[SourceRow], source_name: str) -> tuple[p
         fields = dict(row.fields)
         notes = []
         for column in ("pytorch_code", "generated_code"):
-            fields[column], note = unwrap_markdown_code(column, fields.get(column))
-            notes += [note] if note else []
+            if isinstance(fields.get(column), str):
+                fields[column], dropped = unwrap_code_answer(fields[column])
+                if dropped is not None:
+                    notes.append(f"{column}: code taken from a fenced markdown block ({dropped} characters around "
+                                 f"it dropped)")
         problem = check_pair(fields)
         if problem is not None:
             reject(row, *problem)  # the snapshot is the row as read, before any unwrapping

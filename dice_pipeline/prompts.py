@@ -5,6 +5,7 @@ extraction of the answer's code block. Standard library only: generation on a GP
 
 from __future__ import annotations
 
+import ast
 import re
 from typing import Any
 
@@ -272,6 +273,26 @@ def extract_code_block(text: str) -> str | None:
     return body.rstrip() + "\n"
 
 
+def unwrap_code_answer(text: str) -> tuple[str, int | None]:
+    """Code saved as a model's answer: `text` itself when it parses as Python, else the block `extract_code_block`
+    picks when that parses. Returns (code, characters dropped around the block, or None when `text` is used as is
+    or nothing better was found)."""
+    if _parses(text):
+        return text, None
+    block = extract_code_block(text)
+    if block is None or not _parses(block):
+        return text, None
+    return block, len(text) - len(block.strip())
+
+
+def _parses(code: str) -> bool:
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
 __all__ = [
     "EXAMPLE_ARCHITECTURE",
     "EXAMPLE_OPTIMIZED_ARCHITECTURE",
@@ -284,5 +305,6 @@ __all__ = [
     "kernel_generation_messages",
     "kernel_generation_user_prompt",
     "render_chat",
+    "unwrap_code_answer",
     "wrap_reasoning",
 ]

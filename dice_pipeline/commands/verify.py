@@ -1,6 +1,7 @@
 """`dice verify REFERENCE.py CANDIDATE.py [--json]`: judge one candidate `ModelNew` against its KernelBench-format
 reference. Prints a one-line summary (or the verdict as JSON). Without a GPU it still runs the static checks and
-the compile (nvcc), and says what it could not run; exit code 0 only for `correct` (and `not_executed`).
+the compile (nvcc), and says what it could not run; exit code 0 only for `correct` (and `not_executed`). A candidate
+saved as a model's markdown answer is judged by its fenced code block, with a note on stderr.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ def register(subparsers) -> None:
 
 
 def run_verify(args: argparse.Namespace) -> int:
+    from dice_pipeline.prompts import unwrap_code_answer
     from dice_pipeline.verify import Status, VerifyConfig, verify_candidate
 
     for path in (args.reference, args.candidate):
@@ -38,7 +40,11 @@ def run_verify(args: argparse.Namespace) -> int:
     config = VerifyConfig(correctness_trials=args.trials, timing_samples=args.timing_samples,
                           tolerance_policy=args.tolerance_policy, build_profile=args.build_profile,
                           devices=args.device, execute=False if args.no_execute else None, **overrides)
-    verdict = verify_candidate(args.reference.read_text(), args.candidate.read_text(), config)
+    candidate, dropped = unwrap_code_answer(args.candidate.read_text())
+    if dropped is not None:
+        print(f"dice verify: {args.candidate} is a markdown answer: judging its fenced code block ({dropped} "
+              f"characters around it dropped)", file=sys.stderr)
+    verdict = verify_candidate(args.reference.read_text(), candidate, config)
     if args.json:
         print(verdict.to_json())
     else:

@@ -17,6 +17,7 @@ from dice_pipeline.prompts import (
     infilling_messages,
     kernel_generation_messages,
     render_chat,
+    unwrap_code_answer,
 )
 
 TASK = (
@@ -107,3 +108,14 @@ def test_extract_prefers_closed_block_over_truncated_one():
 def test_extract_returns_none_without_code():
     assert extract_code_block("no code here") is None
     assert extract_code_block("```cpp\nint x;\n```") is None
+
+
+def test_unwrap_code_answer_keeps_code_and_unwraps_only_a_parseable_block():
+    code = "class ModelNew:\n    pass\n"
+    assert unwrap_code_answer(code) == (code, None)  # already code: untouched
+    answer = f"Sure.\n```python\n{code}```\nDone."
+    unwrapped, dropped = unwrap_code_answer(answer)
+    assert unwrapped == code and dropped == len(answer) - len(code.strip())
+    broken = "Sure.\n```python\nclass ModelNew(:\n```"
+    assert unwrap_code_answer(broken) == (broken, None)  # nothing better found: the text as it was
+    assert unwrap_code_answer("no code here at all") == ("no code here at all", None)

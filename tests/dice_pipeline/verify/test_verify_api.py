@@ -121,6 +121,18 @@ def test_cli_prints_json_verdict_and_fails_on_rejection(tmp_path, capsys, config
     assert code == 1 and verdict["status"] == "deceptive"
 
 
+def test_cli_judges_the_code_block_of_a_markdown_answer(tmp_path, capsys, config):
+    (tmp_path / "ref.py").write_text(REFERENCE)
+    answer = "Here is the faster model:\n```python\n" + candidate(forward="return torch.relu(x) * 2.0") + "```\n"
+    (tmp_path / "answer.md").write_text(answer)
+    code = dice_main(["verify", str(tmp_path / "ref.py"), str(tmp_path / "answer.md"), "--json",
+                      "--cache-dir", config.build_cache_dir])
+    captured = capsys.readouterr()
+    # Judged as code (the static checks ran on it), not rejected as a file that does not parse.
+    assert code == 1 and json.loads(captured.out)["status"] == "deceptive"
+    assert "torch_only_forward" in captured.out and "markdown answer" in captured.err
+
+
 def test_cli_reports_missing_file(tmp_path, capsys):
     assert dice_main(["verify", str(tmp_path / "nope.py"), str(tmp_path / "nope2.py")]) == 2
     assert "no such file" in capsys.readouterr().err
