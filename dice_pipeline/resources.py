@@ -78,6 +78,9 @@ class KernelVerifier(dg.ConfigurableResource):
     # Executed verdicts are kept here and reused for identical (reference, candidate, config): a pair is judged on a
     # GPU once. A store filled on a GPU host can be pointed at from a GPU-less one. Empty = <project cache>/verdicts.
     verdict_store_dir: str = ""
+    # Also time each correct candidate's reference as a CUDA graph ("cuda_graph") and/or torch.compile'd
+    # ("compile"); recorded per verdict (baseline_speedups), never used by the filter. Empty = eager only.
+    extra_baselines: list[str] = []
 
     def verify_config(self):
         from dice_pipeline.paths import cache_dir
@@ -96,6 +99,7 @@ class KernelVerifier(dg.ConfigurableResource):
             build_cache_dir=self.build_cache_dir or str(cache_dir() / "kernel_builds"),
             build_without_gpu=self.compile_without_gpu,
             verdict_store_dir=self.verdict_store_dir or str(cache_dir() / "verdicts"),
+            extra_baselines=tuple(self.extra_baselines),
             **optional,
         )
 

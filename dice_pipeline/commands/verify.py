@@ -25,6 +25,9 @@ def register(subparsers) -> None:
     parser.add_argument("--build-profile", choices=["fast", "default"], default="fast")
     parser.add_argument("--cache-dir", default=None, help="build cache (default $DICE_VERIFY_CACHE or ~/.cache/...)")
     parser.add_argument("--device", type=int, action="append", default=None, help="GPU index (repeatable)")
+    parser.add_argument("--baseline", action="append", default=[], choices=["cuda_graph", "compile"],
+                        help="also time the reference as a CUDA graph or torch.compile'd and report the candidate's "
+                             "speedup over it (repeatable; the status still rests on the eager comparison)")
     parser.set_defaults(func=run_verify)
 
 
@@ -39,7 +42,8 @@ def run_verify(args: argparse.Namespace) -> int:
     overrides = {"build_cache_dir": args.cache_dir} if args.cache_dir else {}
     config = VerifyConfig(correctness_trials=args.trials, timing_samples=args.timing_samples,
                           tolerance_policy=args.tolerance_policy, build_profile=args.build_profile,
-                          devices=args.device, execute=False if args.no_execute else None, **overrides)
+                          devices=args.device, execute=False if args.no_execute else None,
+                          extra_baselines=tuple(args.baseline), **overrides)
     candidate, dropped = unwrap_code_answer(args.candidate.read_text())
     if dropped is not None:
         print(f"dice verify: {args.candidate} is a markdown answer: judging its fenced code block ({dropped} "

@@ -130,7 +130,7 @@ class _BatchRun:
                 "CUDA_VISIBLE_DEVICES": "" if device is None else str(device), "MAX_JOBS": "2",
                 "TORCH_EXTENSIONS_DIR": str(Path(self.config.build_cache_dir).resolve() / "torch_extensions"),
             })
-            timeout = self.config.compile_timeout_s if stage == "build" else self.config.run_timeout_s
+            timeout = self.config.stage_time_limit(stage)
             outcome = run_isolated([sys.executable, "-m", "dice_pipeline.verify.worker", str(scratch / "request.json")],
                                    cwd=scratch, env=env, timeout_s=timeout, memory_cap_mb=self.config.memory_cap_mb,
                                    isolate_network=self.config.isolate_network, gate=gate, gate_path=gate_path,
@@ -144,7 +144,7 @@ class _BatchRun:
         sandbox_facts = {"network_isolated": outcome.network_isolated, "peak_rss_mb": round(outcome.peak_rss_mb, 1)}
         if outcome.timed_out:
             status, code = Status.TIMEOUT, f"{stage}_timeout"
-            limit = self.config.compile_timeout_s if stage == "build" else self.config.run_timeout_s
+            limit = self.config.stage_time_limit(stage)
             message = f"{stage} stage exceeded {limit:g} s; process group killed"
         elif outcome.memory_exceeded:
             status = Status.COMPILE_ERROR if stage == "build" else Status.RUNTIME_ERROR

@@ -15,6 +15,9 @@ from typing import Any
 TOLERANCE_LOOSE = 1e-2
 TOLERANCE_STRICT = 1e-4
 TOLERANCE_POLICIES = ("v0.1", "current")
+# See VerifyConfig.extra_baselines; the seconds each adds to a run worker's time limit (torch.compile builds kernels).
+EXTRA_BASELINE_SECONDS = {"cuda_graph": 10.0, "compile": 120.0}
+EXTRA_BASELINES = tuple(EXTRA_BASELINE_SECONDS)
 
 
 def default_build_cache_dir() -> str:
@@ -88,6 +91,11 @@ class VerifyConfig:
     # A VerdictStore directory (see store.py): executed verdicts are reused for identical jobs and configs, and new
     # ones are added. None = no store.
     verdict_store_dir: str | None = None
+    # Faster baselines the reference is also timed as, after the eager comparison, for a correct candidate:
+    # "cuda_graph" (the reference's forward captured in a CUDA graph: no launch overhead) and "compile"
+    # (torch.compile, default mode). Recorded in `Verdict.baseline_speedups`; they never change the status, and the
+    # speedup filter keeps using the eager speedup. Empty = none (the default: timing stays eager-only).
+    extra_baselines: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.tolerance_policy not in TOLERANCE_POLICIES:
@@ -104,12 +112,22 @@ class VerifyConfig:
             raise ValueError("timing_round_samples must be >= 1")
         if self.timing_input_sets < 1:
             raise ValueError("timing_input_sets must be >= 1")
+        unknown = set(self.extra_baselines) - set(EXTRA_BASELINES)
+        if unknown:
+            raise ValueError(f"extra_baselines must be among {EXTRA_BASELINES}, got {sorted(unknown)}")
+        self.extra_baselines = tuple(dict.fromkeys(self.extra_baselines))
 
     def tolerance_for(self, dtype_name: str) -> float:
         """The atol=rtol that decides `status` for an output of this dtype ('float32', 'float16', ...)."""
         if self.tolerance_policy == "current" and dtype_name in ("float32", "float64"):
             return TOLERANCE_STRICT
         return TOLERANCE_LOOSE
+
+    def stage_time_limit(self, stage: str) -> float:
+        """Seconds a worker stage may take: the build limit, or the run limit plus the extra baselines' time."""
+        if stage == "build":
+            return self.compile_timeout_s
+        return self.run_timeout_s + sum(EXTRA_BASELINE_SECONDS[name] for name in self.extra_baselines)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -28,11 +28,15 @@ _NOT_IN_KEY = frozenset({
     "use_precompiled_header", "isolate_network", "compile_arch", "build_without_gpu", "compile_timeout_s",
     "run_timeout_s", "verdict_store_dir", "prestart_gpu_workers", "gpu_worker_cpus",
 })
+# VerifyConfig fields that enter the key only when set: at their default (empty) they ask for nothing extra, so a
+# verdict judged before the field existed is the verdict judged now.
+_IN_KEY_WHEN_SET = frozenset({"extra_baselines"})
 _NOT_STORED = frozenset({Status.NOT_EXECUTED, Status.TIMEOUT})
 
 
 def verdict_key(job: VerifyJob, config: VerifyConfig) -> str:
-    judged_by = {k: v for k, v in sorted(config.to_dict().items()) if k not in _NOT_IN_KEY}
+    judged_by = {k: v for k, v in sorted(config.to_dict().items())
+                 if k not in _NOT_IN_KEY and (v or k not in _IN_KEY_WHEN_SET)}
     material = json.dumps({"verifier_version": VERIFIER_VERSION, "reference": job.reference_src,
                            "candidate": job.candidate_src, "config": judged_by}, sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()

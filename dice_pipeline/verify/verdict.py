@@ -67,6 +67,8 @@ class Verdict:
     reference_timing: TimingStats | None = None
     candidate_timing: TimingStats | None = None
     speedup: float | None = None  # reference median / candidate median, eager PyTorch baseline
+    # Optional faster baselines (VerifyConfig.extra_baselines): name -> {median_ms, speedup} or {error}.
+    baseline_speedups: dict[str, Any] | None = None
     # Advisory observations that are not failures by themselves: overhead_dominated, degenerate_task, ...
     flags: list[str] = field(default_factory=list)
     compile_seconds: float | None = None
@@ -109,6 +111,9 @@ class Verdict:
         parts = [self.status.value]
         if self.speedup is not None:
             parts.append(f"speedup={self.speedup:.2f}x")
+        for name, result in (self.baseline_speedups or {}).items():
+            speedup = result.get("speedup")
+            parts.append(f"vs_{name}={speedup:.2f}x" if speedup is not None else f"vs_{name}=failed")
         if self.max_abs_diff is not None:
             parts.append(f"max_abs_diff={self.max_abs_diff:.2e}")
         if self.reasons:

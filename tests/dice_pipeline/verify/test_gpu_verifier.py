@@ -61,3 +61,15 @@ def test_same_candidate_three_times_gives_speedups_within_3_percent():
     print("speedups", speedups)
     assert all(v.status == Status.CORRECT for v in verdicts)
     assert (max(speedups) - min(speedups)) / min(speedups) <= 0.03, speedups
+
+
+def test_extra_baselines_time_the_reference_as_a_cuda_graph_and_compiled():
+    (verdict,) = verify_batch([VerifyJob("baselines", REFERENCE, HONEST)],
+                              _config(extra_baselines=("cuda_graph", "compile")))
+    print(verdict.summary(), verdict.baseline_speedups)
+    assert verdict.status == Status.CORRECT, verdict.to_json()
+    graph = verdict.baseline_speedups["cuda_graph"]
+    assert graph["n"] >= 100 and graph["median_ms"] > 0 and graph["speedup"] > 0
+    # torch.compile may be unavailable for a reference (then its error is recorded), but it is always reported.
+    compiled = verdict.baseline_speedups["compile"]
+    assert ("speedup" in compiled and compiled["speedup"] > 0) or compiled.get("error")

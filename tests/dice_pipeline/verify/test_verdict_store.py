@@ -84,3 +84,12 @@ def test_the_pipeline_verifier_and_the_standalone_config_share_keys():
     from dice_pipeline.resources import KernelVerifier
 
     assert verdict_key(JOB, KernelVerifier().verify_config()) == verdict_key(JOB, VerifyConfig())
+
+
+def test_extra_baselines_enter_the_key_only_when_asked_for():
+    job = VerifyJob("j", "reference", "candidate")
+    plain, with_graph = VerifyConfig(), VerifyConfig(extra_baselines=("cuda_graph",))
+    # Eager-only judging is what it was before the option existed, so stores made then stay valid.
+    assert verdict_key(job, plain) == verdict_key(job, VerifyConfig(extra_baselines=()))
+    assert verdict_key(job, plain) != verdict_key(job, with_graph)
+    assert verdict_key(job, with_graph) == verdict_key(job, VerifyConfig(extra_baselines=["cuda_graph", "cuda_graph"]))

@@ -238,3 +238,27 @@ def test_run_worker_moves_to_its_cores_after_the_gate(config):
     _, payload = run._run_worker(VerifyJob("j", REFERENCE, HONEST), "run", check_candidate_source(REFERENCE, HONEST),
                                  device=None, gate=gate)
     assert payload["worker_cpus"] == [core]
+
+
+def test_extra_baselines_are_checked_deduplicated_and_given_time():
+    with pytest.raises(ValueError, match="extra_baselines"):
+        VerifyConfig(extra_baselines=("cuda_graphs",))
+    config = VerifyConfig(extra_baselines=["compile", "cuda_graph", "compile"], run_timeout_s=100)
+    assert config.extra_baselines == ("compile", "cuda_graph")
+    assert config.stage_time_limit("run") == 100 + 120 + 10
+    assert config.stage_time_limit("build") == config.compile_timeout_s
+    assert VerifyConfig.from_dict(config.to_dict()) == config
+
+
+def test_baseline_speedups_round_trip_and_show_in_the_summary():
+    verdict = Verdict(status=Status.CORRECT, speedup=2.0,
+                      baseline_speedups={"cuda_graph": {"median_ms": 0.1, "n": 100, "speedup": 1.25},
+                                         "compile": {"error": "BackendCompilerFailed: no triton"}})
+    assert Verdict.from_json(verdict.to_json()) == verdict
+    assert "speedup=2.00x vs_cuda_graph=1.25x vs_compile=failed" in verdict.summary()
+
+
+def test_cli_rejects_an_unknown_baseline(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        dice_main(["verify", "ref.py", "cand.py", "--baseline", "tensorrt"])
+    assert exit_info.value.code == 2 and "tensorrt" in capsys.readouterr().err
