@@ -165,3 +165,37 @@ def test_fresh_inputs_fall_back_when_get_inputs_does_not_fit():
     assert fresh_inputs_on_device(lambda: [torch.randn(8, 4).double()], like, cpu, seed=0) is None
     assert fresh_inputs_on_device(lambda: [torch.randn(8, 4), torch.randn(1)], like, cpu, seed=0) is None
     assert fresh_inputs_on_device(lambda: [torch.randn(8, 4, device="meta")], like, cpu, seed=0) is None
+
+
+def _judge_without_gpu(model, baselines, timed_ms: float) -> CandidateJudge:
+    """A CandidateJudge with only what run_extra_baselines touches, on the CPU, its timer replaced by a fixed one."""
+    from dice_pipeline.verify.config import VerifyConfig
+    from dice_pipeline.verify.harness import Judgement
+
+    judge = CandidateJudge.__new__(CandidateJudge)
+    judge.ref_model, judge.device = model, torch.device("cpu")
+    judge.config = VerifyConfig(extra_baselines=baselines, timing_samples=5, l2_flush_mb=1)
+    judge.judgement = Judgement(fields={"candidate_timing": timing_stats([2.0] * 5)})
+    judge._synchronize = lambda: None
+    judge._inputs = lambda seed: [torch.randn(8, 8)]
+    judge.outputs = []
+
+    def timed(fn, flush):
+        judge.outputs.append(fn())
+        return None, timed_ms, timed_ms
+
+    judge._timed = timed
+    return judge
+
+
+@pytest.mark.slow
+def test_extra_baselines_record_a_speedup_or_the_error_and_nothing_else():
+    # On this CPU machine torch.compile works (inductor's C++ backend) and a CUDA graph cannot be captured.
+    judge = _judge_without_gpu(torch.nn.ReLU(), ("compile", "cuda_graph"), timed_ms=1.0)
+    judge.run_extra_baselines()
+    results = judge.judgement.fields["baseline_speedups"]
+    assert results["compile"] == {"median_ms": 1.0, "n": 5, "speedup": 0.5}  # 1.0 ms baseline / 2.0 ms candidate
+    assert set(results["cuda_graph"]) == {"error"} and results["cuda_graph"]["error"]
+    # The compiled reference really ran and computed the reference's result.
+    assert all(torch.equal(out, torch.relu(out)) for out in judge.outputs)
+    assert judge.judgement.status == Status.CORRECT and not judge.judgement.reasons
