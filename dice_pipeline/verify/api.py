@@ -25,7 +25,7 @@ from dice_pipeline.verify.config import VerifyConfig, VerifyJob
 from dice_pipeline.verify.sandbox import SandboxResult, run_isolated, scrubbed_environment
 from dice_pipeline.verify.static_checks import StaticReport, check_candidate_source
 from dice_pipeline.verify.store import VerdictStore
-from dice_pipeline.verify.verdict import VERIFIER_VERSION, Reason, Status, Verdict
+from dice_pipeline.verify.verdict import VERIFIER_VERSION, Reason, Status, Verdict, generated_kernel_names
 
 REPO_ROOT = str(Path(dice_pipeline.__file__).resolve().parent.parent)
 ResultCallback = Callable[[VerifyJob, Verdict], None]
@@ -243,6 +243,18 @@ class PrestartedJudge:
         return self._verdict
 
 
+def _apply_generated_kernel_rule(verdict: Verdict, own_kernel_names: list[str]) -> None:
+    """The profiler rule `generated_kernels_ran` on a stored verdict, from the kernels it recorded: verdicts stored
+    before the rule existed get the judgement a fresh run gives."""
+    provenance = verdict.provenance or {}
+    recorded = provenance.get("generated_kernels") or provenance.get("kernels_seen") or []
+    generated = generated_kernel_names(recorded, own_kernel_names)
+    if generated and verdict.status == Status.CORRECT:
+        verdict.status = Status.DECEPTIVE
+        verdict.reasons = [*verdict.reasons, Reason("generated_kernels_ran", f"kernels a compiler generated from "
+                                                    f"PyTorch code ran: {', '.join(generated[:3])}", "anti_gaming")]
+
+
 def verify_batch(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,
                  on_result: ResultCallback | None = None) -> list[Verdict]:
     """Judge every job; verdicts come back in the order of `jobs` (one per job, none dropped)."""
@@ -268,6 +280,7 @@ def verify_batch(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,
             stored = store.get(jobs[index], config, local_gpu)
             if stored is not None:
                 stored.flags = list(dict.fromkeys(statics[index].flags + stored.flags))
+                _apply_generated_kernel_rule(stored, statics[index].kernel_names)
                 run.finish(jobs[index], stored, results, index)
                 to_build.remove(index)
 

@@ -12,6 +12,8 @@ Runtime policy (reason codes; NOTES.md section 3):
   math flags and the thread count are compared with a snapshot taken before the candidate was imported.
 - `no_custom_kernel_ran` (deceptive): a profiler pass saw none of the candidate's own kernels; the custom share of
   GPU time is recorded (flag `minor_custom_kernel_share` under config.minor_custom_share).
+- `generated_kernels_ran` (deceptive): that profiler pass saw kernels a compiler generated from PyTorch code
+  (Inductor's Triton kernels, nvFuser): torch.compile reached some way the static checks could not read.
 - `timed_output_mismatch` (deceptive): every timed call runs on fresh input values and its output is re-checked.
 - `work_outside_timed_stream` (deceptive): wall clock to a device-wide sync far exceeds the timed stream's events.
 - flags: `degenerate_task` (zeros or a constant pass the task), `overhead_dominated` (the reference takes under
@@ -33,7 +35,7 @@ from typing import Any, Callable
 import torch
 
 from dice_pipeline.verify.config import TOLERANCE_LOOSE, TOLERANCE_STRICT, VerifyConfig
-from dice_pipeline.verify.verdict import Reason, Status, TimingStats
+from dice_pipeline.verify.verdict import Reason, Status, TimingStats, generated_kernel_names
 
 
 class Rejection(Exception):
@@ -435,6 +437,13 @@ class CandidateJudge:
         custom_us = sum(e.time_range.elapsed_us() for e in custom)
         self.judgement.fields["custom_kernel_time_share"] = custom_us / total_us if total_us > 0 else 0.0
         self.judgement.fields.setdefault("provenance", {})["kernels_seen"] = sorted({e.name[:120] for e in events})[:20]
+        generated = generated_kernel_names((e.name for e in events), self.custom_kernel_names)
+        if generated:
+            self.judgement.fields["provenance"]["generated_kernels"] = generated[:20]
+            raise Rejection(Status.DECEPTIVE, "generated_kernels_ran",
+                            f"kernels a compiler generated from PyTorch code ran in ModelNew's forward "
+                            f"({', '.join(n[:60] for n in generated[:3])}): torch.compile's work, not the "
+                            f"candidate's CUDA", "anti_gaming")
         if not custom:
             raise Rejection(Status.DECEPTIVE, "no_custom_kernel_ran",
                             f"none of the candidate's kernels ({', '.join(self.custom_kernel_names) or 'none found'}) "

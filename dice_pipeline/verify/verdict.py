@@ -7,6 +7,8 @@ Dagster process (no torch), and travels between them as JSON.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
@@ -50,6 +52,18 @@ class TimingStats:
     mean_ms: float
     n: int
     cv: float  # coefficient of variation (std / mean)
+
+
+# GPU kernels a compiler generated from PyTorch code (Inductor's Triton kernels, nvFuser's): torch.compile's work,
+# however a candidate reached it. The static checks catch the plain spellings; the profiler pass catches the rest.
+GENERATED_KERNEL_PATTERN = re.compile(r"\btriton_(?:poi|red|per|tem|for|unk)_|\btriton_\w*fused_|\bnvfuser_|CudaCodeGen")
+
+
+def generated_kernel_names(kernel_names: Iterable[str], own_kernel_names: Iterable[str] = ()) -> list[str]:
+    """The compiler-generated kernels among `kernel_names` (profiler names), leaving out the candidate's own."""
+    own = set(own_kernel_names)
+    return sorted({name for name in kernel_names if GENERATED_KERNEL_PATTERN.search(name)
+                   and not any(re.search(rf"\b{re.escape(k)}\b", name.split("(")[0]) for k in own)})
 
 
 @dataclass

@@ -199,3 +199,15 @@ def test_extra_baselines_record_a_speedup_or_the_error_and_nothing_else():
     # The compiled reference really ran and computed the reference's result.
     assert all(torch.equal(out, torch.relu(out)) for out in judge.outputs)
     assert judge.judgement.status == Status.CORRECT and not judge.judgement.reasons
+
+
+def test_generated_kernel_names_are_the_compilers_not_aten_cublas_or_the_candidates():
+    from dice_pipeline.verify.verdict import generated_kernel_names
+
+    seen = ["triton_poi_fused_mul_relu_0", "triton_red_fused_sum_1", "triton_tem_fused_addmm_2",
+            "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float> >(int, ...)",
+            "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n_tilesize128x128x32", "relu2_kernel(float const*, float*, long)",
+            "nvfuser_pointwise_f0_c1_r0_g0", "triton_poi_mine(float*)"]
+    assert generated_kernel_names(seen, own_kernel_names=["relu2_kernel", "triton_poi_mine"]) == [
+        "nvfuser_pointwise_f0_c1_r0_g0", "triton_poi_fused_mul_relu_0", "triton_red_fused_sum_1",
+        "triton_tem_fused_addmm_2"]

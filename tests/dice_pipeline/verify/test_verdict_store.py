@@ -93,3 +93,16 @@ def test_extra_baselines_enter_the_key_only_when_asked_for():
     assert verdict_key(job, plain) == verdict_key(job, VerifyConfig(extra_baselines=()))
     assert verdict_key(job, plain) != verdict_key(job, with_graph)
     assert verdict_key(job, with_graph) == verdict_key(job, VerifyConfig(extra_baselines=["cuda_graph", "cuda_graph"]))
+
+
+def test_a_stored_verdict_whose_recorded_kernels_were_compiler_generated_is_judged_again_by_the_rule(config,
+                                                                                                   monkeypatch):
+    # Stored before the profiler rule existed: correct, though torch.compile's Triton kernels did the work.
+    monkeypatch.setattr("dice_pipeline.verify.api.gpu_inventory", lambda: [])
+    config = replace(config, build_without_gpu=False)
+    compiled = _measured()
+    compiled.provenance["kernels_seen"] = ["relu2_kernel(float const*, float*, long)", "triton_poi_fused_mul_relu_0"]
+    VerdictStore(config.verdict_store_dir).put(JOB, config, compiled)
+    (verdict,) = verify_batch([JOB], config)
+    assert verdict.status == Status.DECEPTIVE and verdict.reason_codes() == ["generated_kernels_ran"]
+    assert "triton_poi_fused_mul_relu_0" in verdict.reasons[0].message
