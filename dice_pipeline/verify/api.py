@@ -25,7 +25,14 @@ from dice_pipeline.verify.config import VerifyConfig, VerifyJob
 from dice_pipeline.verify.sandbox import SandboxResult, run_isolated, scrubbed_environment
 from dice_pipeline.verify.static_checks import StaticReport, check_candidate_source
 from dice_pipeline.verify.store import VerdictStore
-from dice_pipeline.verify.verdict import VERIFIER_VERSION, Reason, Status, Verdict, generated_kernel_names
+from dice_pipeline.verify.verdict import (
+    VERIFIER_VERSION,
+    Reason,
+    Status,
+    Verdict,
+    generated_kernel_names,
+    generated_kernels_reason,
+)
 
 REPO_ROOT = str(Path(dice_pipeline.__file__).resolve().parent.parent)
 ResultCallback = Callable[[VerifyJob, Verdict], None]
@@ -251,8 +258,7 @@ def _apply_generated_kernel_rule(verdict: Verdict, own_kernel_names: list[str]) 
     generated = generated_kernel_names(recorded, own_kernel_names)
     if generated and verdict.status == Status.CORRECT:
         verdict.status = Status.DECEPTIVE
-        verdict.reasons = [*verdict.reasons, Reason("generated_kernels_ran", f"kernels a compiler generated from "
-                                                    f"PyTorch code ran: {', '.join(generated[:3])}", "anti_gaming")]
+        verdict.reasons = [*verdict.reasons, generated_kernels_reason(generated)]
 
 
 def verify_batch(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,

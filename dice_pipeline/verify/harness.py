@@ -23,7 +23,6 @@ Runtime policy (reason codes; NOTES.md section 3):
 from __future__ import annotations
 
 import math
-import re
 import statistics
 import sys
 import threading
@@ -35,7 +34,14 @@ from typing import Any, Callable
 import torch
 
 from dice_pipeline.verify.config import TOLERANCE_LOOSE, TOLERANCE_STRICT, VerifyConfig
-from dice_pipeline.verify.verdict import Reason, Status, TimingStats, generated_kernel_names
+from dice_pipeline.verify.verdict import (
+    Reason,
+    Status,
+    TimingStats,
+    generated_kernel_names,
+    generated_kernels_reason,
+    kernel_is_named,
+)
 
 
 class Rejection(Exception):
@@ -411,10 +417,6 @@ class CandidateJudge:
                                 f"({len(earlier_refs) - index} trial(s) back): a cache not keyed by the input values",
                                 "anti_gaming")
 
-    def _kernel_is_custom(self, kernel_name: str) -> bool:
-        head = kernel_name.split("(")[0]
-        return any(re.search(rf"\b{re.escape(k)}\b", head) for k in self.custom_kernel_names)
-
     def run_profiler_check(self) -> None:
         from torch.autograd import DeviceType
         from torch.profiler import ProfilerActivity, profile
@@ -433,17 +435,15 @@ class CandidateJudge:
             self.judgement.reasons.append(Reason("profiler_unavailable", repr(exc)[:500], "anti_gaming"))
             return
         total_us = sum(e.time_range.elapsed_us() for e in events)
-        custom = [e for e in events if self._kernel_is_custom(e.name)]
+        custom = [e for e in events if kernel_is_named(e.name, self.custom_kernel_names)]
         custom_us = sum(e.time_range.elapsed_us() for e in custom)
         self.judgement.fields["custom_kernel_time_share"] = custom_us / total_us if total_us > 0 else 0.0
         self.judgement.fields.setdefault("provenance", {})["kernels_seen"] = sorted({e.name[:120] for e in events})[:20]
         generated = generated_kernel_names((e.name for e in events), self.custom_kernel_names)
         if generated:
             self.judgement.fields["provenance"]["generated_kernels"] = generated[:20]
-            raise Rejection(Status.DECEPTIVE, "generated_kernels_ran",
-                            f"kernels a compiler generated from PyTorch code ran in ModelNew's forward "
-                            f"({', '.join(n[:60] for n in generated[:3])}): torch.compile's work, not the "
-                            f"candidate's CUDA", "anti_gaming")
+            reason = generated_kernels_reason(generated)
+            raise Rejection(Status.DECEPTIVE, reason.code, reason.message, reason.stage)
         if not custom:
             raise Rejection(Status.DECEPTIVE, "no_custom_kernel_ran",
                             f"none of the candidate's kernels ({', '.join(self.custom_kernel_names) or 'none found'}) "

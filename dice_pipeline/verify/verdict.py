@@ -59,11 +59,24 @@ class TimingStats:
 GENERATED_KERNEL_PATTERN = re.compile(r"\btriton_(?:poi|red|per|tem|for|unk)_|\btriton_\w*fused_|\bnvfuser_|CudaCodeGen")
 
 
+def kernel_is_named(kernel_name: str, names: Iterable[str]) -> bool:
+    """Whether a profiler kernel name (`void ns::name<...>(args)`) is one of `names` (the candidate's `__global__`s)."""
+    head = kernel_name.split("(")[0]
+    return any(re.search(rf"\b{re.escape(name)}\b", head) for name in names)
+
+
 def generated_kernel_names(kernel_names: Iterable[str], own_kernel_names: Iterable[str] = ()) -> list[str]:
     """The compiler-generated kernels among `kernel_names` (profiler names), leaving out the candidate's own."""
-    own = set(own_kernel_names)
-    return sorted({name for name in kernel_names if GENERATED_KERNEL_PATTERN.search(name)
-                   and not any(re.search(rf"\b{re.escape(k)}\b", name.split("(")[0]) for k in own)})
+    own = list(own_kernel_names)
+    return sorted({name for name in kernel_names
+                   if GENERATED_KERNEL_PATTERN.search(name) and not kernel_is_named(name, own)})
+
+
+def generated_kernels_reason(generated: list[str]) -> Reason:
+    """The deceptive reason `generated_kernels_ran`, given what `generated_kernel_names` found."""
+    return Reason("generated_kernels_ran", f"kernels a compiler generated from PyTorch code ran in ModelNew's forward "
+                  f"({', '.join(n[:60] for n in generated[:3])}): torch.compile's work, not the candidate's CUDA",
+                  "anti_gaming")
 
 
 @dataclass
