@@ -283,15 +283,17 @@ def validate_concur_rows(rows: Iterable[SourceRow], source_name: str) -> tuple[p
         if row.read_error is not None:
             reject(row, *row.read_error)
             continue
-        fields = dict(row.fields)
-        notes = []
-        for column in ("pytorch_code", "generated_code"):
-            if isinstance(fields.get(column), str):
+        fields, notes = row.fields, []
+        problem = check_pair(fields)
+        if problem is not None and problem[0] in ("unparseable_reference", "unparseable_candidate"):
+            # Only code that does not parse is looked at again, as a markdown answer (parsing is the row's main cost).
+            fields = dict(fields)
+            for column in ("pytorch_code", "generated_code"):
                 fields[column], dropped = unwrap_code_answer(fields[column])
                 if dropped is not None:
                     notes.append(f"{column}: code taken from a fenced markdown block ({dropped} characters around "
                                  f"it dropped)")
-        problem = check_pair(fields)
+            problem = check_pair(fields) if notes else problem
         if problem is not None:
             reject(row, *problem)  # the snapshot is the row as read, before any unwrapping
             continue
