@@ -30,7 +30,6 @@ held-out file's true continuation.
 from __future__ import annotations
 
 import argparse
-import functools
 import hashlib
 import json
 import random
@@ -296,9 +295,10 @@ def main() -> None:
     static_batch1 = outputs_by_batch.get(1)
     for threshold in args.sweep_thresholds if ar_batch1 and static_batch1 is not None else []:
         groups = prompt_groups(1)
-        decode = functools.partial(lambda p, g, graphs, t: block_diffusion_generate(
-            model, p, args.new_tokens, strategy="dynamic", cuda_graph=g, graphs=graphs, **{**block, "threshold": t}),
-            t=threshold)
+        def decode(p, g, graphs, threshold=threshold):
+            return block_diffusion_generate(model, p, args.new_tokens, strategy="dynamic", cuda_graph=g,
+                                            graphs=graphs, **{**block, "threshold": threshold})
+
         seconds, forwards, tokens = run_groups(decode, groups, True)
         row = dict(threshold=threshold, tokens_per_s=round(len(groups) * args.new_tokens / seconds, 1),
                    vs_ar=round(len(groups) * args.new_tokens / seconds / ar_batch1["tokens_per_s"], 3),
