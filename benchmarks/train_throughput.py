@@ -4,9 +4,11 @@ optimizer; every variant prints its ratio against the AR baseline measured here.
 
 Variants: `ar` (causal SDPA, next-token CE), `bd_full` (BD3-LM/SDAR layout: every sample as [x_t ; x_0], 2L tokens,
 flex attention), `bd_packed` (noisy blocks with no masked token dropped, first-fit-decreasing packing; BlockMask by
-create_block_mask over the whole grid), `bd_packed_layout` (the same packing, BlockMask built from the packed layout)
-and `bd_tiled` (tile-aware packing: noisy runs topped up to whole 128-token tiles with unscored noisy blocks and every
-segment starting on a tile boundary, BlockMask from the layout). All block-diffusion variants compute the same loss.
+create_block_mask over the whole grid), `bd_packed_layout` (the same packing, BlockMask built from the packed layout),
+`bd_packed_intervals` (the same BlockMask, its partial tiles evaluating the mask in interval form: what training
+uses) and `bd_tiled` (tile-aware packing: noisy runs topped up to whole 128-token tiles with unscored noisy blocks and
+every segment starting on a tile boundary; not in the default set). All block-diffusion variants compute the same
+loss.
 All variants apply the LM head only where the loss is taken. The block-mask build is inside the timed step.
 
     python benchmarks/train_throughput.py --json results.json              # H200, about 2 minutes
@@ -27,18 +29,24 @@ from training.configuration_sdar import preset_config
 from training.diffusion import (TokenizedSample, autoregressive_loss, block_diffusion_loss, block_diffusion_mask_mod,
                                 block_mask_from_layout, build_attention_mask, noise_sample, pack_segments,
                                 tile_structure)
-from training.modeling_sdar import SDARForCausalLM
+from training.modeling_sdar import SDARForCausalLM, set_flex_compile_mode
 
 H200_BF16_DENSE_PEAK = 989e12  # FLOP/s, NVIDIA's H200 SXM dense bf16 figure
 FLEX_TILE = 128
 
 # Block-diffusion variants: drop unscored noisy blocks, tile-aware packing, BlockMask built from the layout.
+# layout_mask: the BlockMask's tiles come from the packed layout, its partial tiles evaluating that mask_mod form.
 BD_VARIANTS = {
-    "bd_full": {"drop_unscored_blocks": False, "tile": None, "layout_mask": False},
-    "bd_packed": {"drop_unscored_blocks": True, "tile": None, "layout_mask": False},
-    "bd_packed_layout": {"drop_unscored_blocks": True, "tile": None, "layout_mask": True},
-    "bd_tiled": {"drop_unscored_blocks": True, "tile": FLEX_TILE, "layout_mask": True},
+    "bd_full": {"drop_unscored_blocks": False, "tile": None, "layout_mask": None},
+    "bd_packed": {"drop_unscored_blocks": True, "tile": None, "layout_mask": None},
+    "bd_packed_layout": {"drop_unscored_blocks": True, "tile": None, "layout_mask": "segments"},
+    "bd_packed_intervals": {"drop_unscored_blocks": True, "tile": None, "layout_mask": "intervals"},
+    "bd_tiled": {"drop_unscored_blocks": True, "tile": FLEX_TILE, "layout_mask": "intervals"},
+    # bd_packed_intervals with flex compiled under max-autotune (its kernel configurations benchmarked at first call)
+    "bd_packed_intervals_autotune": {"drop_unscored_blocks": True, "tile": None, "layout_mask": "intervals",
+                                     "flex_mode": "max-autotune-no-cudagraphs"},
 }
+DEFAULT_VARIANTS = ["ar", "bd_full", "bd_packed", "bd_packed_layout", "bd_packed_intervals"]
 
 
 def synthetic_samples(count: int, length: int, prompt_fraction: float, vocab_size: int, generator) -> list:
@@ -95,7 +103,8 @@ def tile_report(args, config) -> list[dict]:
 
     rows = []
     for prompt_fraction in args.prompt_fraction:
-        for variant in [v for v in args.variants if v in BD_VARIANTS and v != "bd_packed_layout"]:
+        # The layout-mask variants pack like bd_packed: the same tiles.
+        for variant in [v for v in args.variants if v in BD_VARIANTS and not v.startswith("bd_packed_")]:
             options = BD_VARIANTS[variant]
             generator = torch.Generator().manual_seed(0)
             stream = block_diffusion_batches(args, prompt_fraction, config, generator,
@@ -151,7 +160,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10,
                         help="timed steps per variant (clean tokens a step vary with the noise draw: with 4 steps the "
                              "ratio moved by ~3%% between runs)")
-    parser.add_argument("--variants", nargs="+", default=["ar", *BD_VARIANTS])
+    parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=["ar", *BD_VARIANTS])
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--device", default="cuda", help="cpu only for a dry run (dense attention, tiny preset)")
     parser.add_argument("--tile-report", action="store_true", help="count flex tiles per layout on the CPU instead")
@@ -196,13 +205,16 @@ def main() -> None:
             train_on(lambda: autoregressive_loss(model, ids, answer))
             return ids.numel()
 
-        def bd_step_factory(drop_unscored_blocks: bool, tile: int | None, layout_mask: bool):
+        def bd_step_factory(drop_unscored_blocks: bool, tile: int | None, layout_mask: str | None,
+                            flex_mode: str | None = None):
             batches = block_diffusion_batches(args, prompt_fraction, config, generator, drop_unscored_blocks, tile)
 
             def bd_step() -> int:
+                set_flex_compile_mode(flex_mode)
                 batch = next(batches).to(device)
                 # The layout-built BlockMask is computed on the device from the packed tensors, inside the step.
-                mask = build_attention_mask(batch, attention_backend, args.block_size if layout_mask else None)
+                mask = build_attention_mask(batch, attention_backend, args.block_size if layout_mask else None,
+                                            mask_mod_form=layout_mask or "intervals")
                 train_on(lambda: block_diffusion_loss(model, batch, mask))
                 return batch.num_clean_tokens
 

@@ -4,9 +4,11 @@ cross-entropy at masked answer positions, with no logit shift. Samples are packe
 
 Exact savings over the naive layout, none of which change the loss: a noisy block with no masked token (all prompt,
 or no token drawn) is left out, since nothing attends to it and it scores nothing; the LM head is applied only to
-the scored positions. The same `mask_mod` builds the dense CPU mask and is evaluated by flex inside its partial
-tiles; the flex `BlockMask` itself (which 128x128 tiles are empty, partial or full) is computed from the packed layout
-in O(row length) instead of evaluating the mask over the whole grid. Tile-aware packing (`tile=128`) tops each noisy
+the scored positions. `block_diffusion_mask_mod` states the mask from each position's sample, block and copy, and
+builds the dense CPU mask; on the GPU the flex `BlockMask` (which 128x128 tiles are empty, partial or full) is
+computed from the packed layout in O(row length) instead of evaluating the mask over the whole grid, and inside its
+partial tiles flex evaluates the same mask in its cheaper interval form (`interval_mask_mod`: each query's two
+visible key ranges, so nothing is loaded per key). Tile-aware packing (`tile=128`) tops each noisy
 run up to a whole number of tiles with unscored noisy blocks (exact, like dropping them) and starts every segment on a
 tile boundary, so the mask's block structure lines up with flex's tiles and fewer tiles are partial.
 """
@@ -270,17 +272,37 @@ def visible_key_intervals(batch: BlockDiffusionBatch, block_size: int) -> torch.
     return torch.stack((first, second), -2)
 
 
-def tile_structure(batch: BlockDiffusionBatch, block_size: int, tile: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+def interval_mask_mod(intervals: torch.Tensor):
+    """The block-diffusion mask as a flex `mask_mod` read from `visible_key_intervals` ([R, C, 2, 2]): a key is
+    visible when it lies in one of the query's two ranges. The same mask as `block_diffusion_mask_mod` for the layouts
+    `pack_segments` builds, but every load is indexed by the query alone (four per query row of a tile) and the rest
+    is four comparisons, where the segment form loads three tensors at every key and does a dozen operations: flex
+    evaluates it element by element in every partial tile, forward and backward."""
+    bounds = intervals.to(torch.int32)
+    first_start, first_end = bounds[..., 0, 0].contiguous(), bounds[..., 0, 1].contiguous()
+    second_start, second_end = bounds[..., 1, 0].contiguous(), bounds[..., 1, 1].contiguous()
+
+    def mask_mod(b, h, q, kv):
+        return (((kv >= first_start[b, q]) & (kv < first_end[b, q]))
+                | ((kv >= second_start[b, q]) & (kv < second_end[b, q])))
+
+    return mask_mod
+
+
+def tile_structure(batch: BlockDiffusionBatch, block_size: int, tile: int = 128,
+                   intervals: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(partial, full): bool [R, C/tile, C/tile] over flex's tiles (query tile, key tile). A tile is full when
     every query in it sees every key in it, partial when some (but not all) pairs are visible, else empty.
 
-    Counted per query from its two key intervals with difference arrays, so the cost is O(R x C + R x (C/tile)^2),
-    not the O(R x C^2) of evaluating the mask on the grid."""
+    Counted per query from its two key intervals (`visible_key_intervals`, computed here unless given) with
+    difference arrays, so the cost is O(R x C + R x (C/tile)^2), not the O(R x C^2) of evaluating the mask on the
+    grid."""
     rows, length = batch.segment_ids.shape
     if length % tile:
         raise ValueError(f"row length {length} must be a multiple of the tile size {tile}")
     tiles = length // tile
-    intervals = visible_key_intervals(batch, block_size)  # [R, C, 2, 2]
+    if intervals is None:
+        intervals = visible_key_intervals(batch, block_size)  # [R, C, 2, 2]
     start, end = intervals[..., 0], intervals[..., 1]
     device = start.device
     # Flat index of (row, query tile) for every (position, interval); edges index the key tiles of that line.
@@ -303,12 +325,20 @@ def tile_structure(batch: BlockDiffusionBatch, block_size: int, tile: int = 128)
     return touched & ~full, full
 
 
-def block_mask_from_layout(batch: BlockDiffusionBatch, block_size: int, tile: int = 128):
+MASK_MOD_FORMS = ("intervals", "segments")
+
+
+def block_mask_from_layout(batch: BlockDiffusionBatch, block_size: int, tile: int = 128,
+                           mask_mod_form: str = "intervals"):
     """The flex `BlockMask` of a packed batch, built from its layout (see `tile_structure`): the same tile sets as
-    `create_block_mask(mask_mod, ...)` gives, without evaluating mask_mod on the C x C grid."""
+    `create_block_mask(mask_mod, ...)` gives, without evaluating mask_mod on the C x C grid. Partial tiles evaluate
+    `interval_mask_mod` (default) or `block_diffusion_mask_mod` (`mask_mod_form="segments"`): the same mask."""
     from torch.nn.attention.flex_attention import BlockMask
 
-    partial, full = tile_structure(batch, block_size, tile)
+    if mask_mod_form not in MASK_MOD_FORMS:
+        raise ValueError(f"mask_mod_form must be one of {MASK_MOD_FORMS}, got {mask_mod_form!r}")
+    intervals = visible_key_intervals(batch, block_size)
+    partial, full = tile_structure(batch, block_size, tile, intervals)
 
     def as_indices(tiles_present):
         # Present tiles first, in increasing order (stable sort), as create_block_mask lays them out.
@@ -316,16 +346,19 @@ def block_mask_from_layout(batch: BlockDiffusionBatch, block_size: int, tile: in
         return tiles_present.sum(-1, dtype=torch.int32)[:, None], order.to(torch.int32)[:, None]
 
     length = batch.input_ids.shape[1]
-    mask_mod = block_diffusion_mask_mod(batch.segment_ids, batch.block_ids, batch.is_noisy)
+    mask_mod = (interval_mask_mod(intervals) if mask_mod_form == "intervals" else
+                block_diffusion_mask_mod(batch.segment_ids, batch.block_ids, batch.is_noisy))
     return BlockMask.from_kv_blocks(*as_indices(partial), *as_indices(full), BLOCK_SIZE=tile, mask_mod=mask_mod,
                                     seq_lengths=(length, length))
 
 
-def build_attention_mask(batch: BlockDiffusionBatch, backend: str = "auto", block_size: int | None = None):
+def build_attention_mask(batch: BlockDiffusionBatch, backend: str = "auto", block_size: int | None = None,
+                         mask_mod_form: str = "intervals"):
     """The attention mask for a packed batch: `flex` (a BlockMask; the GPU default), or `dense` (bool tensor).
 
     With `block_size` (and a row length that is a multiple of 128), the flex BlockMask is built from the layout
-    (`block_mask_from_layout`); without, by `create_block_mask` evaluating the mask_mod tile by tile."""
+    (`block_mask_from_layout`, its partial tiles evaluating `mask_mod_form`); without, by `create_block_mask`
+    evaluating `block_diffusion_mask_mod` tile by tile."""
     if backend == "auto":
         backend = "flex" if batch.input_ids.is_cuda else "dense"
     mask_mod = block_diffusion_mask_mod(batch.segment_ids, batch.block_ids, batch.is_noisy)
@@ -334,7 +367,7 @@ def build_attention_mask(batch: BlockDiffusionBatch, backend: str = "auto", bloc
         return dense_mask_from_mask_mod(mask_mod, rows, length, batch.input_ids.device)
     if backend == "flex":
         if block_size is not None and length % 128 == 0:
-            return block_mask_from_layout(batch, block_size)
+            return block_mask_from_layout(batch, block_size, mask_mod_form=mask_mod_form)
         from torch.nn.attention.flex_attention import create_block_mask
 
         # Compiled mask building evaluates the mask tile by tile instead of materialising rows x L x L.

@@ -21,18 +21,27 @@ try:  # flex_attention exists from torch 2.5; the dense path needs nothing from 
 except ImportError:  # pragma: no cover - older torch
     BlockMask, flex_attention = None, None
 
-_compiled_flex_attention = None
+_compiled_flex_attention: dict = {}  # torch.compile mode -> compiled flex_attention
+_flex_compile_mode: str | None = None
+
+
+def set_flex_compile_mode(mode: str | None) -> None:
+    """torch.compile mode for flex attention on the GPU: None (default kernels) or e.g.
+    "max-autotune-no-cudagraphs" (benchmarks flex's kernel configurations for each shape at its first call: slower
+    to start, often faster per step). Each mode is compiled once per process."""
+    global _flex_compile_mode
+    _flex_compile_mode = mode
 
 
 def _flex_attention(q, k, v, block_mask):
     """flex_attention, compiled on GPU (uncompiled it materialises the full score matrix); eager on CPU, where it
     only serves to check the GPU path's maths against the dense mask."""
-    global _compiled_flex_attention
     if q.device.type != "cuda":
         return flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
-    if _compiled_flex_attention is None:
-        _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
+    if _flex_compile_mode not in _compiled_flex_attention:
+        _compiled_flex_attention[_flex_compile_mode] = torch.compile(flex_attention, dynamic=False,
+                                                                     mode=_flex_compile_mode)
+    return _compiled_flex_attention[_flex_compile_mode](q, k, v, block_mask=block_mask, enable_gqa=True)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask) -> torch.Tensor:

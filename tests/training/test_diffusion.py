@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from training.diffusion import (IGNORE_INDEX, TokenizedSample, block_diffusion_loss, block_diffusion_mask_mod,
-                                block_mask_from_layout, build_attention_mask, noise_sample, pack_block_diffusion,
-                                pack_segments, tile_structure)
+                                block_mask_from_layout, build_attention_mask, dense_mask_from_mask_mod,
+                                interval_mask_mod, noise_sample, pack_block_diffusion, pack_segments, tile_structure,
+                                visible_key_intervals)
 
 MASK_ID = 3
 
@@ -104,14 +105,15 @@ def test_rows_limit_returns_leftovers_still_noised_and_too_long_samples_fail():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("tile", [None, 128])
-@pytest.mark.parametrize("mask_from_layout", [False, True])
+@pytest.mark.parametrize("mask_from_layout", [None, "segments", "intervals"])
 def test_compiled_flex_matches_dense_on_gpu_forward_and_backward(tiny_model, mixed_samples, tile, mask_from_layout):
     model = tiny_model.cuda()
     batch = pack_block_diffusion(mixed_samples, MASK_ID, 4, 128, torch.Generator().manual_seed(1), tile=tile).to("cuda")
     grads = []
     for backend in ("dense", "flex"):
         model.zero_grad()
-        mask = build_attention_mask(batch, backend, block_size=4 if mask_from_layout else None)
+        mask = build_attention_mask(batch, backend, block_size=4 if mask_from_layout else None,
+                                    mask_mod_form=mask_from_layout or "intervals")
         loss = block_diffusion_loss(model, batch, mask)
         loss.backward()
         grads.append((loss.detach(), model.model.layers[0].self_attn.q_proj.weight.grad.clone()))
@@ -159,6 +161,26 @@ def test_block_mask_from_layout_has_the_tiles_create_block_mask_finds(block_size
         assert torch.equal(partial, reference[0]) and torch.equal(full, reference[1])
         seen_full |= bool(full.any())
     assert seen_full  # the packings exercise full tiles, not only partial ones
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 8])
+@pytest.mark.parametrize("layout", ["full", "dropped", "tiled"])
+def test_interval_mask_mod_is_the_block_diffusion_mask(block_size, layout):
+    generator = torch.Generator().manual_seed(10 + block_size)
+    row_counts = []
+    for row_length in (4096, 512):  # one row, then the same kind of samples over several rows
+        batch = pack_block_diffusion(random_samples(9, 200, generator) + samples([(40, 0), (3, 1)]), MASK_ID,
+                                     block_size, row_length, generator, drop_unscored_blocks=layout != "full",
+                                     tile=128 if layout == "tiled" else None)
+        rows, length = batch.input_ids.shape
+        row_counts.append(rows)
+        reference = dense_mask_from_mask_mod(
+            block_diffusion_mask_mod(batch.segment_ids, batch.block_ids, batch.is_noisy), rows, length, "cpu")
+        ours = dense_mask_from_mask_mod(interval_mask_mod(visible_key_intervals(batch, block_size)), rows, length,
+                                        "cpu")
+        assert ours.shape == reference.shape and torch.equal(ours, reference)
+        assert (batch.segment_ids < 0).any()  # padding is part of the comparison
+    assert row_counts[0] == 1 and row_counts[1] > 1
 
 
 def test_tile_aware_packing_keeps_the_loss_and_aligns_segments(tiny_model):
