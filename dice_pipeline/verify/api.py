@@ -176,6 +176,8 @@ class _BatchRun:
         facts = {"compile_seconds": payload.get("compile_seconds"), "build_cache_hit": payload.get("build_cache_hit"),
                  "builds": payload.get("builds"), "build_mode": payload.get("build_mode"),
                  "network_isolated": payload.get("network_isolated")}
+        if payload.get("import_needs_gpu"):
+            facts["import_needs_gpu"] = True
         if payload["status"] == "compile_error":
             reason = Reason(**payload["reason"])
             return Verdict(status=Status.COMPILE_ERROR, reasons=[reason], flags=list(static.flags),
@@ -191,6 +193,9 @@ class _BatchRun:
     def not_executed(self, static: StaticReport, facts: dict[str, Any], built: bool = True) -> Verdict:
         code = "no_gpu" if not self.gpus else "execution_disabled"
         passed = "static checks and the compile passed" if built else "static checks passed (build skipped by config)"
+        if facts.get("import_needs_gpu"):
+            passed = ("static checks passed; the candidate's module needs a GPU at import, so its build stopped "
+                      "there (the builds before that point passed)")
         message = (f"no GPU here: {passed}; correctness, anti-gaming runtime checks and timing were not run"
                    if code == "no_gpu" else f"execution disabled by config: {passed}; nothing was run")
         return Verdict(status=Status.NOT_EXECUTED, reasons=[Reason(code, message, "correctness")],

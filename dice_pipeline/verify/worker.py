@@ -53,10 +53,38 @@ def _compile_failure(interceptor: BuildInterceptor, exc: BaseException) -> dict[
             **_build_summary(interceptor)}
 
 
+# What torch raises when module code touches CUDA where there is none: the build stage never sees a GPU.
+_NO_GPU_MESSAGES = ("No CUDA GPUs are available", "Torch not compiled with CUDA enabled", "Found no NVIDIA driver",
+                    "no CUDA-capable device is detected", "CUDA driver initialization failed")
+
+
+def needs_gpu(exc: BaseException) -> bool:
+    """Whether an import failed only because it touched CUDA (torch's lazy CUDA init, or its messages for that)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        frames = traceback.extract_tb(exc.__traceback__)
+        if any(f.name == "_lazy_init" and f"torch{os.sep}cuda" in f.filename for f in frames):
+            return True
+        if any(message in str(exc) for message in _NO_GPU_MESSAGES):
+            return True
+        exc = exc.__cause__ or exc.__context__
+    return False
+
+
 def run_build_stage(request: dict[str, Any], interceptor: BuildInterceptor, scratch: Path) -> dict[str, Any]:
     try:
         _import_source("candidate_module", request["candidate_src"], scratch)
+    except ExtensionCompileError as exc:
+        return _compile_failure(interceptor, exc)
     except BaseException as exc:  # noqa: BLE001 - anything the candidate's module code raises is its failure
+        if needs_gpu(exc):
+            # Module code that needs a GPU (a device query, a CUDA tensor) is not a compile error: the builds
+            # reached so far are cached, and the run stage imports it again, on the GPU, with the same limits.
+            return {"status": "ok", "import_needs_gpu": True,
+                    "note": f"the candidate's module needs a GPU at import ({type(exc).__name__}: "
+                            f"{str(exc)[:200]}); builds after that point happen in the run stage",
+                    **_build_summary(interceptor)}
         return _compile_failure(interceptor, exc)
     if not interceptor.records:
         return {"status": "ok", "note": "candidate built no extension", **_build_summary(interceptor)}

@@ -68,6 +68,39 @@ def test_module_code_that_raises_is_a_compile_error_from_the_worker(config):
     assert "boom at import" in verdict.reasons[0].message
 
 
+@needs_no_gpu
+@pytest.mark.parametrize("statement", ["torch.cuda.get_device_capability()",
+                                       "_warm = torch.zeros(4, device='cuda') + 1"])
+def test_module_code_that_needs_a_gpu_is_not_a_compile_error(config, statement):
+    """A device query or a CUDA tensor at import fails in the GPU-less build stage; that is left to the run stage,
+    and here, with no GPU at all, the verdict says what could not be done instead of calling it a compile error."""
+    verdict = verify_candidate(REFERENCE, _module_code_candidate(f"import torch\n{statement}"), config)
+    assert verdict.status == Status.NOT_EXECUTED and verdict.reason_codes() == ["no_gpu"]
+    assert "needs a GPU at import" in verdict.reasons[0].message
+    assert verdict.provenance.get("import_needs_gpu") is True
+
+
+def test_needs_gpu_tells_a_cuda_failure_from_other_import_errors():
+    from dice_pipeline.verify.worker import needs_gpu
+
+    def raised(fn):
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001
+            return exc
+        raise AssertionError("expected an exception")
+
+    import torch
+    if not torch.cuda.is_available():
+        assert needs_gpu(raised(lambda: torch.zeros(1, device="cuda")))
+    assert needs_gpu(RuntimeError("No CUDA GPUs are available"))
+    wrapped = raised(lambda: exec("try:\n    raise RuntimeError('No CUDA GPUs are available')\n"
+                                  "except RuntimeError as e:\n    raise ValueError('while warming up') from e"))
+    assert needs_gpu(wrapped)
+    assert not needs_gpu(raised(lambda: 1 / 0))
+    assert not needs_gpu(RuntimeError("CUDA error: an illegal memory access was encountered"))
+
+
 def test_module_code_that_hangs_times_out(config):
     config.compile_timeout_s = 8
     verdict = verify_candidate(REFERENCE, _module_code_candidate("import time\ntime.sleep(120)"), config)
