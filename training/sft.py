@@ -16,6 +16,7 @@ import torch
 
 from training.diffusion import (BlockDiffusionBatch, NoisySegment, TokenizedSample, block_diffusion_loss,
                                 build_attention_mask, noise_sample, pack_segments)
+from training.modeling_sdar import set_flex_compile_mode
 
 
 @dataclass
@@ -91,6 +92,10 @@ class SFTConfig:
     attention_backend: str = "auto"  # "dense" (CPU), "flex" (GPU), "auto" picks by device
     drop_unscored_blocks: bool = True
     tile: int | None = None  # 128: tile-aware packing for flex attention (exact; see diffusion.pack_segments)
+    # torch.compile mode of flex attention on the GPU. "max-autotune-no-cudagraphs" benchmarks its kernels once per
+    # row shape (about 100 s at 32k tokens on an H200) and made a 0.6B step 1-2% faster there (benchmarks/RESULTS.md):
+    # worth it for long runs with fixed rows (rows_per_step), not for short ones.
+    flex_compile_mode: str | None = None
     # After warm-up, cosine decay to this fraction of the learning rate over the run (its steps, or max_seconds
     # when set); 1.0 keeps it constant (DICE's recipe). Short time-boxed runs reach a lower loss with decay.
     final_lr_ratio: float = 1.0
@@ -159,6 +164,7 @@ def train_block_diffusion(
     set_learning_rate(0, 0.0)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
 
+    set_flex_compile_mode(config.flex_compile_mode)
     model.train()
     history: list[dict] = []
     started = time.perf_counter()
