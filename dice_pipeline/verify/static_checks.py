@@ -3,13 +3,19 @@ section 3 that can be recognised without running anything. Never executes or imp
 
 Policy (each finding is a `Reason` with stage "static"; `deceptive` findings reject the candidate):
 - `torch_only_forward` (deceptive): ModelNew's forward path calls PyTorch compute ops and no extension function.
+  An extension is reached however real candidates call it: a module-level handle or a `self` attribute bound to it
+  (`self.f = ext.fn; self.f(x)`), a registered `torch.ops` op, a lazy loader (`get_ext().fn(x)`), an
+  `autograd.Function` (`Fn.apply(x)`), or a helper `nn.Module` of the file whose code calls one, held in an
+  attribute, a `Sequential`/`ModuleList` or a `_make_layer`-style method and called or looped over in forward.
+  Where the reach is real but indirect, the runtime profiler still has to see the candidate's kernels run.
 - `torch_op_on_forward_path`: PyTorch compute ops next to extension calls. KernelBench allows this (a fused custom
   epilogue after a cuDNN conv is a common, honest pattern), so it is a flag unless the config forbids it; the
   runtime profiler then reports how much GPU time the candidate's own kernels took.
 - `no_cuda_extension` (deceptive): no `load_inline`/`load` call at all, so no custom kernel can run.
 - `inherits_reference` / `reference_access` (deceptive): `ModelNew(Model)` or any use of `Model` inside ModelNew.
-- `try_except_fallback` (deceptive): a `try` whose handler does anything but re-raise, or `contextlib.suppress`;
-  a kernel file has no honest need to swallow errors, and every such block seen in the wild was a fallback.
+- `try_except_fallback` (deceptive): a `try` with a handler that does not end by re-raising (logging first is
+  fine; returning, breaking or continuing before the raise is not), or `contextlib.suppress`; a kernel file has no
+  honest need to swallow errors, and every such block seen in the wild was a fallback.
 - `side_stream`, `thread_spawn` (deceptive): new CUDA streams or threads (Python or C++) escape the timer.
 - `monkeypatch`, `global_flag_flip` (deceptive): assigning to attributes of imported modules (timers, allclose)
   or mutating a namespace mapping (`vars(m).update`, `m.__dict__[...]`),
@@ -21,6 +27,8 @@ Policy (each finding is a `Reason` with stage "static"; `deceptive` findings rej
 - `dynamic_code` (deceptive): `__import__`, `eval`, `exec`, `compile`: code these checks cannot read.
 - `tensor_subclass` (deceptive): `__torch_function__`/`__torch_dispatch__`/Tensor subclasses (lazy outputs).
 - `precision_downgrade` (deceptive): fp16/bf16/TF32 arithmetic in a candidate whose reference is fp32-only.
+  The C/C++ text checks read the file's string literals without C/C++ comments and without Python docstrings, and
+  a dtype compared in a guard (`x.scalar_type() != at::kHalf`) is not a use of it.
 - Kernels that are not the candidate's CUDA doing the work, each deceptive: `compiled_torch_code` (`torch.compile`,
   dynamo/inductor, TorchScript `jit.script`/`trace`, the jiterator: PyTorch code compiled into fused kernels, whose
   speedup over eager is the compiler's), `foreign_kernel_backend` (Triton, CuPy, Numba, PyCUDA, cuda-python, TVM,
@@ -152,6 +160,22 @@ def _dotted(node: ast.AST) -> str | None:
     return None
 
 
+def _call_base_name(func: ast.AST) -> str | None:
+    """The name a call chain starts from: `get_ext().fn` -> get_ext, `Fn.apply` -> Fn, `a.b[0].c` -> a."""
+    node = func
+    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def _unwrap_module_moves(node: ast.AST) -> ast.AST:
+    """`nn.Linear(...).cuda()` / `.to(device)` / `.float()` is still the module it moves."""
+    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+            and node.func.attr in ("cuda", "to", "float", "double", "eval", "train", "requires_grad_"):
+        node = node.func.value
+    return node
+
+
 class _ModuleFacts(ast.NodeVisitor):
     """Imports, aliases and extension handles of the candidate module."""
 
@@ -215,8 +239,18 @@ class _ModuleFacts(ast.NodeVisitor):
         self.generic_visit(node)
 
 
-def _self_attribute_kinds(cls: ast.ClassDef, facts: _ModuleFacts) -> tuple[set[str], set[str]]:
-    """Attributes of `self` bound to an extension handle, and to a torch.nn module (compute when called)."""
+def _mentions(node: ast.AST, names: set[str]) -> bool:
+    return any(isinstance(sub, ast.Name) and sub.id in names for sub in ast.walk(node))
+
+
+def _self_attribute_kinds(cls: ast.ClassDef, facts: _ModuleFacts,
+                          reaching: frozenset[str] = frozenset()) -> tuple[set[str], set[str]]:
+    """Attributes of `self` that reach an extension when called (bound to an extension handle, or built from a
+    local class or function in `reaching`, directly or through one of this class's methods), and those bound to a
+    torch.nn module (compute when called)."""
+    methods = {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    reaching = frozenset(_names_built_from(cls, set(reaching))) if reaching else reaching
+    reaching_methods = {name for name, method in methods.items() if _mentions(method, set(reaching))}
     extension_attrs: set[str] = set()
     torch_module_attrs: set[str] = set()
     for node in ast.walk(cls):
@@ -225,16 +259,104 @@ def _self_attribute_kinds(cls: ast.ClassDef, facts: _ModuleFacts) -> tuple[set[s
         for target in node.targets:
             if not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"):
                 continue
-            value = node.value
+            value = _unwrap_module_moves(node.value)
             root = _dotted(value.func if isinstance(value, ast.Call) else value) or ""
-            if facts.is_loader_call(value) or root.split(".")[0] in facts.extension_names:
+            builds_reaching = _mentions(value, set(reaching)) or any(
+                isinstance(sub, ast.Call) and (_dotted(sub.func) or "").split(".")[:1] == ["self"]
+                and (_dotted(sub.func) or "").split(".")[-1] in reaching_methods for sub in ast.walk(value))
+            if facts.is_loader_call(value) or root.split(".")[0] in facts.extension_names or builds_reaching:
                 extension_attrs.add(target.attr)
-            elif isinstance(value, ast.Call):
-                resolved = facts.resolve(value.func) or ""
-                leaf = resolved.rsplit(".", 1)[-1]
-                if resolved.startswith("torch.nn.") and leaf not in NON_COMPUTE_TORCH_CALLS:
-                    torch_module_attrs.add(target.attr)
+            elif isinstance(value, ast.Call) and _builds_torch_module(value, facts):
+                torch_module_attrs.add(target.attr)
     return extension_attrs, torch_module_attrs
+
+
+def _builds_torch_module(value: ast.Call, facts: _ModuleFacts) -> bool:
+    """A torch.nn module that computes when called; a ModuleList/ModuleDict counts when it holds one."""
+    resolved = facts.resolve(value.func) or ""
+    leaf = resolved.rsplit(".", 1)[-1]
+    if not resolved.startswith("torch.nn."):
+        return False
+    if leaf in ("ModuleList", "ModuleDict"):
+        return any(isinstance(sub, ast.Call) and sub is not value and _builds_torch_module(sub, facts)
+                   for sub in ast.walk(value))
+    return leaf not in NON_COMPUTE_TORCH_CALLS
+
+
+def _names_built_from(scope: ast.AST, names: set[str]) -> set[str]:
+    """`names` plus the local names in `scope` whose value is built from them: assigned (`block = Fn(...)`),
+    collected (`layers.append(Relu2())`, `layers += [...]`), or nested functions that use them; to a fixed point.
+    Lenient across a class's methods (a name tainted in one counts in all): a reach found here still has to show
+    in the runtime profiler."""
+    names = set(names)
+    while True:
+        found: set[str] = set()
+        for node in ast.walk(scope):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node is not scope \
+                    and any(_mentions(statement, names) for statement in node.body):
+                found.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value is not None \
+                    and _mentions(node.value, names):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                found |= {t.id for target in targets for t in ast.walk(target) if isinstance(t, ast.Name)}
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and isinstance(node.func.value, ast.Name) \
+                    and node.func.attr in ("append", "extend", "insert", "add", "update", "add_module") \
+                    and any(_mentions(arg, names) for arg in [*node.args, *[k.value for k in node.keywords]]):
+                found.add(node.func.value.id)
+        if found <= names:
+            return names
+        names |= found
+
+
+def _is_extension_call(node: ast.Call, facts: _ModuleFacts, extension_attrs: set[str], reaching: frozenset[str],
+                       loop_names: set[str] = frozenset()) -> bool:
+    """A call that runs candidate kernels: through an extension handle, a `self` attribute reaching one, a
+    registered custom op, a local class/function that reaches one (`Fn.apply`, `get_ext().fn`, a helper module),
+    or a name bound by looping over such an attribute."""
+    parts = (_dotted(node.func) or "").split(".")
+    resolved = facts.resolve(node.func) or ""
+    return (parts[0] in facts.extension_names
+            or (parts[0] == "self" and len(parts) >= 2 and parts[1] in extension_attrs)
+            or (resolved.startswith("torch.ops.") and not resolved.startswith(BUILTIN_OP_NAMESPACES))
+            or facts.is_loader_call(node)
+            or _call_base_name(node.func) in reaching
+            or (len(parts) == 1 and parts[0] in loop_names))
+
+
+def _extension_reaching_locals(tree: ast.Module, facts: _ModuleFacts) -> frozenset[str]:
+    """Module-level classes and functions other than ModelNew whose code uses, calls or loads an extension, directly
+    or through another such class or function (to a fixed point): helper modules, autograd Functions, lazy loaders
+    (`def get_ext(): return ext`)."""
+    defs = {n.name: n for n in tree.body
+            if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.name != "ModelNew"}
+    reaching: set[str] = set()
+    while True:
+        found = set()
+        for name, node in defs.items():
+            if name in reaching:
+                continue
+            attrs = _self_attribute_kinds(node, facts, frozenset(reaching))[0] if isinstance(node, ast.ClassDef) \
+                else set()
+            if _mentions(node, facts.extension_names | reaching) or any(
+                    isinstance(sub, ast.Call) and _is_extension_call(sub, facts, attrs, frozenset(reaching))
+                    for sub in ast.walk(node)):
+                found.add(name)
+        if not found:
+            return frozenset(reaching)
+        reaching |= found
+
+
+def _loop_names_over(funcs: list[ast.FunctionDef], attrs: set[str]) -> set[str]:
+    """Names bound by `for layer in self.attr` (or `self.attr.children()`, `enumerate(self.attr)`, ...) over the
+    given attributes: calling them calls what the attribute holds."""
+    names: set[str] = set()
+    for func in funcs:
+        for node in ast.walk(func):
+            if isinstance(node, ast.For) and any(
+                    (_dotted(sub) or "").split(".")[:2] in [["self", a] for a in attrs] for sub in ast.walk(node.iter)):
+                names |= {sub.id for sub in ast.walk(node.target) if isinstance(sub, ast.Name)}
+    return names
 
 
 def _forward_path(cls: ast.ClassDef, facts: _ModuleFacts) -> list[ast.FunctionDef]:
@@ -261,25 +383,31 @@ def _forward_path(cls: ast.ClassDef, facts: _ModuleFacts) -> list[ast.FunctionDe
 
 
 def _classify_forward_calls(funcs: list[ast.FunctionDef], facts: _ModuleFacts, extension_attrs: set[str],
-                            torch_module_attrs: set[str]) -> tuple[int, list[str]]:
+                            torch_module_attrs: set[str], reaching: frozenset[str] = frozenset()) -> tuple[int, list[str]]:
     """Count extension calls and list PyTorch compute ops on the forward path."""
     extension_calls = 0
     torch_ops: list[str] = []
+    loop_names = _loop_names_over(funcs, extension_attrs)
+    torch_loop_names = _loop_names_over(funcs, torch_module_attrs) - loop_names
     for func in funcs:
+        # `get_ext().fn(x)` is one call: the calls inside another call's callee chain are not counted again.
+        chained = {id(inner) for node in ast.walk(func) if isinstance(node, ast.Call)
+                   for inner in ast.walk(node.func) if isinstance(inner, ast.Call)}
         for node in ast.walk(func):
             if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
                 torch_ops.append("@")
-            if not isinstance(node, ast.Call):
+            if not isinstance(node, ast.Call) or id(node) in chained:
                 continue
             dotted = _dotted(node.func) or ""
             parts = dotted.split(".")
             resolved = facts.resolve(node.func) or ""
             builtin_op = resolved.startswith(BUILTIN_OP_NAMESPACES)
-            if parts[0] in facts.extension_names or (parts[0] == "self" and len(parts) > 2 and parts[1] in extension_attrs) \
-                    or (resolved.startswith("torch.ops.") and not builtin_op):
+            if _is_extension_call(node, facts, extension_attrs, reaching, loop_names):
                 extension_calls += 1
             elif parts[0] == "self" and len(parts) == 2 and parts[1] in torch_module_attrs:
                 torch_ops.append(f"self.{parts[1]} (torch.nn module)")
+            elif len(parts) == 1 and parts[0] in torch_loop_names:
+                torch_ops.append(f"{parts[0]} (a torch.nn module looped over)")
             elif builtin_op or (resolved.startswith("torch.") and parts[-1] not in NON_COMPUTE_TORCH_CALLS
                                 and not resolved.startswith(("torch.cuda.", "torch.ops."))):
                 torch_ops.append(resolved)
@@ -289,9 +417,49 @@ def _classify_forward_calls(funcs: list[ast.FunctionDef], facts: _ModuleFacts, e
     return extension_calls, torch_ops
 
 
+# A reduced-precision dtype compared in a guard (`x.scalar_type() != at::kHalf`) is not a use of it.
+DTYPE_COMPARISON_PATTERN = re.compile(r"[!=]=\s*(?:(?:at|c10|torch)::)?(?:ScalarType::)?k(?:Half|BFloat16|Float16)\b"
+                                      r"|\bk(?:Half|BFloat16|Float16)\s*[!=]=")
+
+
 def _string_constants(tree: ast.AST) -> str:
-    """Every string literal of the module joined: the CUDA/C++ sources live there."""
-    return "\n".join(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str))
+    """The module's string literals joined, where the CUDA/C++ sources live: without Python docstrings and without
+    C/C++ comments, so prose about a pattern is not taken for the pattern."""
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+                  and isinstance(node.body[0].value.value, str)}
+    return "\n".join(strip_c_comments(n.value) for n in ast.walk(tree)
+                     if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings)
+
+
+def strip_c_comments(source: str) -> str:
+    """C/C++ source without its comments (each replaced by a space; newlines kept). String and character literals
+    are skipped over, so a `//` inside `"http://..."` does not hide the code after it on that line. Each Python
+    string is stripped on its own: a `/*` in one cannot swallow the next."""
+    out: list[str] = []
+    i, n = 0, len(source)
+    while i < n:
+        two = source[i:i + 2]
+        if two == "//":
+            end = source.find("\n", i)
+            i = n if end < 0 else end
+            out.append(" ")
+        elif two == "/*":
+            end = source.find("*/", i + 2)
+            comment = source[i:n if end < 0 else end + 2]
+            out.append(" " + "\n" * comment.count("\n"))
+            i += len(comment)
+        elif source[i] in "\"'":
+            quote, j = source[i], i + 1
+            while j < n and source[j] != quote and source[j] != "\n":
+                j += 2 if source[j] == "\\" else 1
+            out.append(source[i:j + 1])
+            i = j + 1
+        else:
+            out.append(source[i])
+            i += 1
+    return "".join(out)
 
 
 def _check_model_new(report: StaticReport, tree: ast.Module, facts: _ModuleFacts, forbid_torch: bool) -> None:
@@ -304,14 +472,15 @@ def _check_model_new(report: StaticReport, tree: ast.Module, facts: _ModuleFacts
         report.reject(Status.DECEPTIVE, "inherits_reference", "ModelNew subclasses the reference Model")
     if any(isinstance(n, ast.Name) and n.id == "Model" for n in ast.walk(cls)):
         report.reject(Status.DECEPTIVE, "reference_access", "ModelNew refers to the reference class Model")
-    extension_attrs, torch_module_attrs = _self_attribute_kinds(cls, facts)
+    reaching = _extension_reaching_locals(tree, facts)
+    extension_attrs, torch_module_attrs = _self_attribute_kinds(cls, facts, reaching)
     forward_funcs = _forward_path(cls, facts)
     if not forward_funcs:
         if "Model" not in base_names:
             report.reject(Status.COMPILE_ERROR, "missing_forward", "ModelNew defines no forward method")
         return
     report.extension_calls_on_forward, report.torch_ops_on_forward = _classify_forward_calls(
-        forward_funcs, facts, extension_attrs, torch_module_attrs
+        forward_funcs, facts, extension_attrs, torch_module_attrs, reaching
     )
     ops = sorted(set(report.torch_ops_on_forward))
     if report.torch_ops_on_forward and report.extension_calls_on_forward == 0:
@@ -328,8 +497,7 @@ def _check_model_new(report: StaticReport, tree: ast.Module, facts: _ModuleFacts
 def _check_statements(report: StaticReport, tree: ast.Module, facts: _ModuleFacts, reference_is_fp32: bool) -> None:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
-            reraise_only = all(h.body and isinstance(h.body[-1], ast.Raise) and len(h.body) == 1 for h in node.handlers)
-            if node.handlers and not reraise_only:
+            if node.handlers and not all(_handler_reraises(h) for h in node.handlers):
                 report.reject(Status.DECEPTIVE, "try_except_fallback",
                               f"line {node.lineno}: try/except that does not re-raise (a fallback path)")
         elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign, ast.Delete)):
@@ -360,6 +528,20 @@ def _check_statements(report: StaticReport, tree: ast.Module, facts: _ModuleFact
         elif isinstance(node, ast.ClassDef):
             if any((facts.resolve(b) or "") in ("torch.Tensor", "torch._C.TensorBase") for b in node.bases):
                 report.reject(Status.DECEPTIVE, "tensor_subclass", f"class {node.name} subclasses torch.Tensor")
+
+
+def _handler_reraises(handler: ast.ExceptHandler) -> bool:
+    """The handler always ends in a raise: its last statement raises and nothing before it leaves the handler
+    (statements such as logging are fine)."""
+    if not handler.body or not isinstance(handler.body[-1], ast.Raise):
+        return False
+    def leaves(node: ast.AST) -> bool:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            return False  # a nested definition's return is its own
+        if isinstance(node, (ast.Return, ast.Break, ast.Continue, ast.Yield, ast.YieldFrom)):
+            return True
+        return any(leaves(child) for child in ast.iter_child_nodes(node))
+    return not any(leaves(statement) for statement in handler.body[:-1])
 
 
 def _check_assignment_target(report: StaticReport, target: ast.AST, facts: _ModuleFacts) -> None:
@@ -465,7 +647,7 @@ def _check_cuda_text(report: StaticReport, text: str, reference_is_fp32: bool) -
         if match:
             report.reject(Status.DECEPTIVE, code, f"{message} ({match.group(0)!r})")
     if reference_is_fp32:
-        match = HALF_TEXT_PATTERN.search(text)
+        match = HALF_TEXT_PATTERN.search(DTYPE_COMPARISON_PATTERN.sub(" ", text))
         if match:
             report.reject(Status.DECEPTIVE, "precision_downgrade",
                           f"CUDA source computes in reduced precision ({match.group(0)!r}) for an fp32 task")
