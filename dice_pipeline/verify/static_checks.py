@@ -250,7 +250,7 @@ def _self_attribute_kinds(cls: ast.ClassDef, facts: _ModuleFacts,
     torch.nn module (compute when called)."""
     methods = {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
     reaching = frozenset(_names_built_from(cls, set(reaching))) if reaching else reaching
-    reaching_methods = {name for name, method in methods.items() if _mentions(method, set(reaching))}
+    reaching_methods = reaching & set(methods)  # _names_built_from counts the builder methods (`_make_layer`) too
     extension_attrs: set[str] = set()
     torch_module_attrs: set[str] = set()
     for node in ast.walk(cls):
@@ -261,9 +261,9 @@ def _self_attribute_kinds(cls: ast.ClassDef, facts: _ModuleFacts,
                 continue
             value = _unwrap_module_moves(node.value)
             root = _dotted(value.func if isinstance(value, ast.Call) else value) or ""
+            called = [(_dotted(sub.func) or "").split(".") for sub in ast.walk(value) if isinstance(sub, ast.Call)]
             builds_reaching = _mentions(value, set(reaching)) or any(
-                isinstance(sub, ast.Call) and (_dotted(sub.func) or "").split(".")[:1] == ["self"]
-                and (_dotted(sub.func) or "").split(".")[-1] in reaching_methods for sub in ast.walk(value))
+                parts[0] == "self" and parts[-1] in reaching_methods for parts in called)
             if facts.is_loader_call(value) or root.split(".")[0] in facts.extension_names or builds_reaching:
                 extension_attrs.add(target.attr)
             elif isinstance(value, ast.Call) and _builds_torch_module(value, facts):
