@@ -16,6 +16,14 @@ from dice_pipeline.filtering import filter_by_speedup, parse_threshold_key
 from dice_pipeline.schemas import SPEEDUP_FILTER_DECISIONS, SPEEDUP_FILTERED_PAIRS
 
 
+class FilterConfig(dg.Config):
+    """`speedup_convention`: which measured speedup the threshold applies to: "gpu" (flush and call enqueued back
+    to back: KernelBench's convention, and ConCuR's recorded speedups'), "host" (host launch latency included), or
+    empty for the verifier's configured one."""
+
+    speedup_convention: str = ""
+
+
 @dg.multi_asset(
     outs={
         "speedup_filtered_pairs": table_out(
@@ -47,12 +55,15 @@ from dice_pipeline.schemas import SPEEDUP_FILTER_DECISIONS, SPEEDUP_FILTERED_PAI
         ),
     ],
 )
-def speedup_filtering(context: dg.AssetExecutionContext, concur_pairs: pl.DataFrame, verified_pairs: pl.DataFrame):
+def speedup_filtering(context: dg.AssetExecutionContext, config: FilterConfig, concur_pairs: pl.DataFrame,
+                      verified_pairs: pl.DataFrame):
     """Keep pairs whose speedup over eager PyTorch is at least the partition's threshold. Uses the verifier's
-    measured speedup where it ran on a GPU, else the source's recorded one; verifier rejects are never kept."""
+    measured speedup where it ran on a GPU (in the timing convention the config names), else the source's recorded
+    one; verifier rejects are never kept. Every decision records the convention its speedup was measured in."""
     threshold_key = context.partition_key
     threshold = parse_threshold_key(threshold_key)
-    kept, decisions = filter_by_speedup(concur_pairs, verified_pairs, threshold_key)
+    kept, decisions = filter_by_speedup(concur_pairs, verified_pairs, threshold_key,
+                                        config.speedup_convention or None)
     # The data version is the kept set itself: downstream partitions go stale exactly when it changes.
     fingerprint = "\n".join(f"{u}:{s}" for u, s in kept.select("uuid", "speedup_used").iter_rows())
     data_version = dg.DataVersion(hashlib.sha256(fingerprint.encode()).hexdigest()[:16])
@@ -68,6 +79,8 @@ def speedup_filtering(context: dg.AssetExecutionContext, concur_pairs: pl.DataFr
                 ["uuid", "problem_name", "speedup_used", "speedup_source", "verification_status"],
             ),
             "threshold": threshold,
+            "speedup_conventions": dg.MetadataValue.json(
+                dict(decisions.group_by("speedup_convention").len().iter_rows())),
             "kept_measured": kept.filter(pl.col("speedup_source") == "measured").height,
             "kept_recorded": kept.filter(pl.col("speedup_source") == "recorded").height,
             "speedup_histogram": dg.MetadataValue.md(

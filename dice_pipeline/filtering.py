@@ -41,12 +41,29 @@ def parse_threshold_key(key: str) -> float:
     return float(canonical)
 
 
+SPEEDUP_CONVENTIONS = ("gpu", "host")
+
+
 def filter_by_speedup(
-    pairs: pl.DataFrame, verified: pl.DataFrame, threshold_key: str
+    pairs: pl.DataFrame, verified: pl.DataFrame, threshold_key: str, convention: str | None = None
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
-    """Decide every pair at one threshold. Returns (kept pairs, decisions for all pairs)."""
+    """Decide every pair at one threshold. Returns (kept pairs, decisions for all pairs).
+
+    `convention`: which measured speedup to use, "gpu" (KernelBench's GPU-time convention, the one ConCuR's
+    recorded speedups use) or "host" (host launch latency included); None = the one the verifier was configured
+    with. A verdict that lacks the chosen convention (verifier 0.2 measured only "host") has no measured speedup
+    in it and falls back to the recorded one. Every decision records the convention used."""
+    if convention is not None and convention not in SPEEDUP_CONVENTIONS:
+        raise ValueError(f"speedup convention must be one of {SPEEDUP_CONVENTIONS}, got {convention!r}")
     threshold = parse_threshold_key(threshold_key)
-    verdicts = verified.select("uuid", "status", "executed", "measured_speedup", "flags", "verdict_id")
+    for column in ("measured_speedup_gpu", "measured_speedup_host", "speedup_convention"):
+        if column not in verified.columns:  # a table written before verifier 0.3
+            verified = verified.with_columns(pl.lit(None, dtype=pl.Float64 if column != "speedup_convention"
+                                                    else pl.String).alias(column))
+    measured = pl.col("measured_speedup") if convention is None else pl.col(f"measured_speedup_{convention}")
+    verdicts = verified.select("uuid", "status", "executed", measured.alias("measured_speedup"),
+                               (pl.col("speedup_convention") if convention is None
+                                else pl.lit(convention)).alias("measured_convention"), "flags", "verdict_id")
     joined = pairs.join(verdicts, on="uuid", how="left")
     missing = joined.filter(pl.col("status").is_null())
     if missing.height:
@@ -59,10 +76,11 @@ def filter_by_speedup(
     for row in joined.iter_rows(named=True):
         if row["executed"] and row["measured_speedup"] is not None:
             speedup, speedup_source = row["measured_speedup"], "measured"
+            used_convention = row["measured_convention"] or "host"  # verifier 0.2 measured host-inclusive only
         elif row["speedup_over_eager"] is not None:
-            speedup, speedup_source = row["speedup_over_eager"], "recorded"
+            speedup, speedup_source, used_convention = row["speedup_over_eager"], "recorded", "gpu"
         else:
-            speedup, speedup_source = None, None
+            speedup, speedup_source, used_convention = None, None, None
         if row["status"] not in _PASSING_STATUSES:
             reason = "failed_verification"
         elif speedup is None or not math.isfinite(speedup):
@@ -82,6 +100,7 @@ def filter_by_speedup(
                 "reason_code": reason,
                 "speedup_used": speedup,
                 "speedup_source": speedup_source,
+                "speedup_convention": used_convention,
                 "verification_status": row["status"],
                 "verdict_id": row["verdict_id"],
             }

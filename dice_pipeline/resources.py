@@ -81,6 +81,14 @@ class KernelVerifier(dg.ConfigurableResource):
     # Also time each correct candidate's reference as a CUDA graph ("cuda_graph") and/or torch.compile'd
     # ("compile"); recorded per verdict (baseline_speedups), never used by the filter. Empty = eager only.
     extra_baselines: list[str] = []
+    # Which timing convention `speedup` (and so the filter) uses: "gpu" (flush and call enqueued back to back: the
+    # KernelBench / do_bench convention ConCuR's speedups were measured in) or "host" (host launch latency included).
+    speedup_convention: str = "gpu"
+    # "reject": a candidate whose own kernels do a minor share of the GPU time while PyTorch compute does the rest
+    # is deceptive (`baseline_kernel`; CuKe and the RL reward); "report": flagged only (KernelBench-compatible).
+    baseline_kernel_policy: str = "reject"
+    # Older verifier versions whose stored verdicts may fill in (e.g. ["0.2.0"]), flagged `older_verifier_version`.
+    accept_verdicts_from: list[str] = []
 
     def verify_config(self):
         from dice_pipeline.paths import cache_dir
@@ -100,6 +108,9 @@ class KernelVerifier(dg.ConfigurableResource):
             build_without_gpu=self.compile_without_gpu,
             verdict_store_dir=self.verdict_store_dir or str(cache_dir() / "verdicts"),
             extra_baselines=tuple(self.extra_baselines),
+            speedup_convention=self.speedup_convention,
+            baseline_kernel_policy=self.baseline_kernel_policy,
+            accept_verdicts_from=tuple(self.accept_verdicts_from),
             **optional,
         )
 

@@ -57,7 +57,10 @@ VERIFIED_PAIRS = pl.Schema(
         "executed": pl.Boolean,  # False where no GPU was available: status is then not_executed or a static/compile reject
         "reason_codes": pl.List(pl.String),
         "flags": pl.List(pl.String),
-        "measured_speedup": pl.Float64,
+        "measured_speedup": pl.Float64,  # in the verifier's configured convention (speedup_convention)
+        "measured_speedup_gpu": pl.Float64,  # flush and call enqueued back to back (KernelBench / do_bench)
+        "measured_speedup_host": pl.Float64,  # host launch latency inside every sample
+        "speedup_convention": pl.String,  # gpu | host: which of the two measured_speedup is
         "reference_median_ms": pl.Float64,
         "candidate_median_ms": pl.Float64,
         "max_abs_diff": pl.Float64,
@@ -81,6 +84,8 @@ SPEEDUP_FILTER_DECISIONS = pl.Schema(
         "reason_code": pl.String,
         "speedup_used": pl.Float64,
         "speedup_source": pl.String,  # measured (our verifier on a GPU) | recorded (the source's own figure)
+        # gpu | host for a measured speedup (the filter's choice); recorded figures are ConCuR's (GPU time)
+        "speedup_convention": pl.String,
         "verification_status": pl.String,
         "verdict_id": pl.String,
     }
@@ -97,6 +102,7 @@ SPEEDUP_FILTERED_PAIRS = pl.Schema(
         "generated_think": pl.String,
         "speedup_used": pl.Float64,
         "speedup_source": pl.String,
+        "speedup_convention": pl.String,
         "verification_status": pl.String,
         "verdict_id": pl.String,
         "source_name": pl.String,

@@ -24,6 +24,9 @@ def register(subparsers) -> None:
     parser.add_argument("--verdict-store", default="", metavar="DIR",
                         help="reuse executed verdicts from this store (e.g. one filled by the verifier on a GPU "
                              "host) and add new ones to it (default: the project cache's store)")
+    parser.add_argument("--accept-verdicts-from", action="append", default=[], metavar="VERSION",
+                        help="where the store has no verdict of this verifier version, use one of this older "
+                             "version (e.g. 0.2.0); such verdicts are flagged older_verifier_version")
     parser.set_defaults(func=run_main_job)
 
 
@@ -48,7 +51,8 @@ def run_main_job(args: argparse.Namespace) -> int:
         "ops": {"concur_ingestion": {"config": {"source": args.source}}},
         "resources": {"verifier": {"config": {"execute": args.execute,
                                               "compile_without_gpu": args.compile_without_gpu,
-                                              "verdict_store_dir": _verdict_store_dir(args.verdict_store)}}},
+                                              "verdict_store_dir": _verdict_store_dir(args.verdict_store),
+                                              "accept_verdicts_from": list(args.accept_verdicts_from)}}},
     }
     ok = True
     for index, threshold in enumerate(dict.fromkeys(thresholds)):

@@ -3,7 +3,14 @@
 Importable with the standard library alone; torch is imported only inside the isolated worker processes.
 """
 
-from dice_pipeline.verify.api import GpuInfo, compile_only, gpu_inventory, verify_batch, verify_candidate
+from dice_pipeline.verify.api import (
+    GpuInfo,
+    compile_only,
+    gpu_inventory,
+    measure_references,
+    verify_batch,
+    verify_candidate,
+)
 from dice_pipeline.verify.config import VerifyConfig, VerifyJob
 from dice_pipeline.verify.static_checks import StaticReport, check_candidate_source
 from dice_pipeline.verify.verdict import (
@@ -17,6 +24,7 @@ from dice_pipeline.verify.verdict import (
 
 __all__ = [
     "REJECTING_STATUSES", "VERIFIER_VERSION", "GpuInfo", "Reason", "StaticReport", "Status", "TimingStats", "Verdict",
-    "VerifyConfig", "VerifyJob", "check_candidate_source", "compile_only", "gpu_inventory", "verify_batch",
+    "VerifyConfig", "VerifyJob", "check_candidate_source", "compile_only", "gpu_inventory", "measure_references",
+    "verify_batch",
     "verify_candidate",
 ]

@@ -118,7 +118,8 @@ class _BatchRun:
         return base
 
     def _run_worker(self, job: VerifyJob, stage: str, static: StaticReport | None, device: int | None,
-                    gate: threading.Event | None = None) -> tuple[SandboxResult, dict[str, Any] | None]:
+                    gate: threading.Event | None = None, *, control: bool = False,
+                    low_memory: bool = False) -> tuple[SandboxResult, dict[str, Any] | None]:
         scratch = Path(tempfile.mkdtemp(prefix=f"dice_verify_{stage}_"))
         try:
             result_path = scratch / "result.json"
@@ -128,6 +129,7 @@ class _BatchRun:
                        "build_profile": self.config.build_profile, "arch": self.arch, "result_path": str(result_path),
                        "static_kernel_names": static.kernel_names if static else [],
                        "gate_path": str(gate_path) if gate_path else None,
+                       "control": control, "low_memory": low_memory,
                        "run_cpus": sorted(self.gpu_worker_cpus) if stage == "run" and self.gpu_worker_cpus else None}
             (scratch / "request.json").write_text(json.dumps(request))
             env = scrubbed_environment({
@@ -141,7 +143,8 @@ class _BatchRun:
             outcome = run_isolated([sys.executable, "-m", "dice_pipeline.verify.worker", str(scratch / "request.json")],
                                    cwd=scratch, env=env, timeout_s=timeout, memory_cap_mb=self.config.memory_cap_mb,
                                    isolate_network=self.config.isolate_network, gate=gate, gate_path=gate_path,
-                                   cpus=self.build_cpus if stage in ("build", "pch") else None)
+                                   cpus=self.build_cpus if stage in ("build", "pch") else None,
+                                   max_timeout_s=self.config.max_run_timeout_s if stage == "run" else None)
             payload = json.loads(result_path.read_text()) if result_path.exists() else None
             return outcome, payload
         finally:
@@ -151,8 +154,9 @@ class _BatchRun:
         sandbox_facts = {"network_isolated": outcome.network_isolated, "peak_rss_mb": round(outcome.peak_rss_mb, 1)}
         if outcome.timed_out:
             status, code = Status.TIMEOUT, f"{stage}_timeout"
-            limit = self.config.stage_time_limit(stage)
-            message = f"{stage} stage exceeded {limit:g} s; process group killed"
+            limit = outcome.limit_s or self.config.stage_time_limit(stage)
+            sized = " (the limit this task's size asked for)" if stage == "run" and limit != self.config.stage_time_limit(stage) else ""
+            message = f"{stage} stage exceeded {limit:g} s{sized}; process group killed"
         elif outcome.memory_exceeded:
             status = Status.COMPILE_ERROR if stage == "build" else Status.RUNTIME_ERROR
             code, message = "memory_cap_exceeded", f"worker group passed {self.config.memory_cap_mb} MB resident"
@@ -203,10 +207,21 @@ class _BatchRun:
                        build_cache_hit=facts.get("build_cache_hit"), provenance=self.provenance(facts))
 
     def judge(self, job: VerifyJob, static: StaticReport, facts: dict[str, Any], device: int,
-              gate: threading.Event | None = None) -> Verdict:
-        outcome, payload = self._run_worker(job, "run", static, device=device, gate=gate)
+              gate: threading.Event | None = None, *, control: bool = False) -> Verdict:
+        outcome, payload = self._run_worker(job, "run", static, device=device, gate=gate, control=control)
+        first_attempt = None
+        if payload is not None and payload.get("retry_low_memory"):
+            # Out of memory with the verifier's full resident state: judged once more with less of it. What
+            # that attempt finds stands (a candidate that exhausts memory alone is still its runtime error).
+            first_attempt = {"status": payload.get("status"), "reasons": payload.get("reasons"),
+                             "peak_gpu_memory_mb": payload.get("peak_gpu_memory_mb")}
+            outcome, payload = self._run_worker(job, "run", static, device=device, control=control,
+                                                low_memory=True)
         if payload is None:
             return self._failure_verdict("run", outcome, static)
+        payload.pop("retry_low_memory", None)
+        if first_attempt is not None:
+            payload.setdefault("provenance", {})["first_attempt_out_of_memory"] = first_attempt
         provenance = self.provenance({**facts, **payload.pop("provenance", {}),
                                       "device_index": device, "run_seconds": round(outcome.wall_seconds, 2),
                                       "extension_load_seconds": payload.get("compile_seconds"),
@@ -288,7 +303,7 @@ def verify_batch(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,
     if store is not None:
         local_gpu = run.gpus[0].name if run.gpus else None
         for index in list(to_build):
-            stored = store.get(jobs[index], config, local_gpu)
+            stored = store.get(jobs[index], config, local_gpu, tuple(config.accept_verdicts_from))
             if stored is not None:
                 stored.flags = list(dict.fromkeys(statics[index].flags + stored.flags))
                 _apply_generated_kernel_rule(stored, statics[index].kernel_names)
@@ -360,3 +375,84 @@ def compile_only(reference_src: str, candidate_src: str, config: VerifyConfig | 
     # Never answered from a verdict store: the point is the build (and its cache).
     return verify_candidate(reference_src, candidate_src,
                             replace(config or VerifyConfig(), execute=False, verdict_store_dir=None))
+
+
+def _reference_row(task_id: str, verdict: Verdict | None, payload_status: str | None, message: str) -> dict[str, Any]:
+    """One measure_references row from the control judgement's verdict."""
+    row: dict[str, Any] = {"task_id": task_id, "status": payload_status, "message": message, "eager_ms_gpu": None,
+                           "eager_ms_host": None, "compile_ms": None, "compile_error": None, "peak_gpu_mb": None,
+                           "input_draw": None, "control_speedup_gpu": None, "control_speedup_host": None,
+                           "flags": [], "provenance": {}}
+    if verdict is None:
+        return row
+    provenance = verdict.provenance or {}
+    row.update(peak_gpu_mb=verdict.peak_gpu_memory_mb, input_draw=provenance.get("input_draw"),
+               control_speedup_gpu=verdict.speedup_gpu, control_speedup_host=verdict.speedup_host,
+               flags=list(verdict.flags), provenance=provenance)
+    if verdict.reference_timing is not None:
+        chosen = verdict.speedup_convention or "gpu"
+        other = "host" if chosen == "gpu" else "gpu"
+        row[f"eager_ms_{chosen}"] = verdict.reference_timing.median_ms
+        row[f"eager_ms_{other}"] = provenance.get(f"reference_median_ms_{other}")
+    compiled = (verdict.baseline_speedups or {}).get("compile") or {}
+    row.update(compile_ms=compiled.get("median_ms"), compile_error=compiled.get("error"))
+    return row
+
+
+def measure_references(tasks: list[tuple[str, str]], config: VerifyConfig | None = None,
+                       baselines: tuple[str, ...] = ("eager",), *,
+                       on_result: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+    """Time each KernelBench-format reference (`(task_id, reference_src)`) alone on the local GPU, in an isolated
+    worker, through the verifier's correctness and timing path: the reference is judged against itself (a trusted
+    control whose speedup should come out at 1.0), so every verdict-making stage runs at the task's real size.
+
+    Returns one row per task, in order: `status` is "measured", "not_executed" (no GPU here), "runtime_error",
+    "timeout" or "infrastructure_error"; `eager_ms_gpu` / `eager_ms_host` are the reference's medians in both
+    timing conventions, `compile_ms` the torch.compile'd reference's median (in the config's convention) when
+    "compile" is among `baselines`, `peak_gpu_mb` the worker's peak allocated GPU memory, `input_draw` how inputs
+    were drawn, and `provenance` the GPU, torch and timing method."""
+    unknown = set(baselines) - {"eager", "compile", "cuda_graph"}
+    if unknown:
+        raise ValueError(f"baselines must be among eager, compile, cuda_graph; got {sorted(unknown)}")
+    extra = tuple(name for name in baselines if name != "eager")
+    config = replace(config or VerifyConfig(), extra_baselines=extra, verdict_store_dir=None)
+    run = _BatchRun(config, None)
+    rows: list[dict[str, Any] | None] = [None] * len(tasks)
+    lock = threading.Lock()
+
+    def finish(index: int, row: dict[str, Any]) -> None:
+        with lock:
+            rows[index] = row
+            if on_result is not None:
+                on_result(row)
+
+    if not run.execute:
+        for index, (task_id, _) in enumerate(tasks):
+            finish(index, _reference_row(task_id, None, Status.NOT_EXECUTED.value,
+                                         "no GPU here: the reference was not run" if not run.gpus
+                                         else "execution disabled by config: the reference was not run"))
+        return [row for row in rows if row is not None]
+    pending: queue.Queue[int | None] = queue.Queue()
+    for index in range(len(tasks)):
+        pending.put(index)
+    empty = StaticReport(status=None)
+
+    def gpu_loop(device: int) -> None:
+        while True:
+            try:
+                index = pending.get_nowait()
+            except queue.Empty:
+                return
+            task_id, reference_src = tasks[index]
+            job = VerifyJob(task_id, reference_src, "")
+            verdict = run.judge(job, empty, {}, device, control=True)
+            status = {Status.CORRECT: "measured"}.get(verdict.status, verdict.status.value)
+            message = "; ".join(f"{r.code}: {r.message}" for r in verdict.reasons)[:2000]
+            finish(index, _reference_row(task_id, verdict, status, message))
+
+    threads = [threading.Thread(target=gpu_loop, args=(gpu.index,), daemon=True) for gpu in run.gpus]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return [row for row in rows if row is not None]

@@ -18,6 +18,8 @@ TOLERANCE_POLICIES = ("v0.1", "current")
 # See VerifyConfig.extra_baselines; the seconds each adds to a run worker's time limit (torch.compile builds kernels).
 EXTRA_BASELINE_SECONDS = {"cuda_graph": 10.0, "compile": 120.0}
 EXTRA_BASELINES = tuple(EXTRA_BASELINE_SECONDS)
+SPEEDUP_CONVENTIONS = ("gpu", "host")
+BASELINE_KERNEL_POLICIES = ("reject", "report")
 
 
 def default_build_cache_dir() -> str:
@@ -49,7 +51,16 @@ class VerifyConfig:
     timing_round_samples: int = 50
     warmup_seconds: float = 0.5  # warm-up by time: clocks climb from idle over ~100s of ms
     compile_timeout_s: float = 900.0
+    # The run stage's limit: this base (interpreter, imports, cached extension loads) plus what the task needs,
+    # estimated in the worker from one input draw and one reference call before any candidate code runs (the
+    # candidate may be up to slow_candidate_factor times slower than the reference per call), at most
+    # max_run_timeout_s. A full-size KernelBench task is not killed by a limit sized for a small one.
     run_timeout_s: float = 300.0
+    max_run_timeout_s: float = 1800.0
+    slow_candidate_factor: float = 10.0
+    # Fewest timed pairs when each pair is slow: timing stops at timing_budget_s once this many are in, even below
+    # timing_samples (long kernels have little per-call noise; 100 pairs of a 1 s call would take minutes).
+    timing_min_samples: int = 10
     # "v0.1": atol=rtol=1e-2 for every dtype (DICE's reward, KernelBench v0.1).
     # "current": 1e-4 for fp32 outputs, 1e-2 for fp16/bf16 (KernelBench main). Both verdicts are always recorded.
     tolerance_policy: str = "v0.1"
@@ -66,6 +77,22 @@ class VerifyConfig:
     # Precompile torch/extension.h once per flag set for the C++ binding file (cached; first build pays ~1 min).
     use_precompiled_header: bool = True
     l2_flush_mb: int = 256  # H200 L2 is 60 MB: flush with at least 4x that
+    # Which timing convention `Verdict.speedup` (and so the filter, the reward and fast_p) uses; both are always
+    # measured. "gpu": flush and call enqueued back to back (KernelBench, triton do_bench, ConCuR's numbers);
+    # "host": the device is synchronized after the flush, so the host's launch latency is inside every sample.
+    speedup_convention: str = "gpu"
+    # Inputs are drawn with the task's get_inputs() under a CUDA device context (a seeded generator on the GPU) when
+    # one CPU draw takes longer than this, or when the inputs are larger than gpu_draw_bytes (seen through a
+    # meta-device dry run): KernelBench's 4 GiB inputs take tens of seconds to draw on the host.
+    slow_draw_seconds: float = 0.5
+    gpu_draw_bytes: int = 256 * 2**20
+    # Set by the verifier on its one retry after an out-of-memory error: one resident input set, a shorter
+    # history for the stale-output check, and one poison block per output.
+    low_memory: bool = False
+    # Run-to-run consistency: the candidate's two outputs for the same inputs (before and after the reference ran)
+    # must agree to the policy tolerance times this (with a floor of a few units of the output dtype's precision),
+    # else `nondeterministic_output` (a race). Atomics-ordering differences are far below it.
+    consistency_tolerance_ratio: float = 0.01
     timing_input_sets: int = 3  # distinct input sets rotated (and re-permuted) across timed calls
     # Reference median below this many launch floors (an empty kernel timed the same way) => overhead_dominated.
     overhead_floor_multiple: float = 5.0
@@ -75,6 +102,11 @@ class VerifyConfig:
     # False = allowed and flagged `torch_ops_on_forward_path`; True = judged deceptive. A forward path made of
     # PyTorch ops alone is always deceptive.
     forbid_torch_compute_on_forward: bool = False
+    # A candidate whose own kernels take less than minor_custom_share of its GPU time while PyTorch/library compute
+    # kernels do the rest (`torch.matmul` plus a trivial copy kernel) is a baseline kernel: "reject" (deceptive,
+    # `baseline_kernel`; the RL reward and CuKe) or "report" (flag `baseline_kernel`; KernelBench-compatible
+    # evaluation, which allows it, counts it).
+    baseline_kernel_policy: str = "reject"
     isolate_network: bool = True
     # Architecture for compile-only builds where no GPU is present to ask (9.0 = H100/H200, our GPU hosts).
     compile_arch: str = "9.0"
@@ -91,6 +123,9 @@ class VerifyConfig:
     # A VerdictStore directory (see store.py): executed verdicts are reused for identical jobs and configs, and new
     # ones are added. None = no store.
     verdict_store_dir: str | None = None
+    # Older verifier versions whose stored verdicts may be used when this version has none (e.g. ("0.2.0",)):
+    # never silently; such verdicts carry the flag `older_verifier_version` and name their version.
+    accept_verdicts_from: tuple[str, ...] = ()
     # Faster baselines the reference is also timed as, after the eager comparison, for a correct candidate:
     # "cuda_graph" (the reference's forward captured in a CUDA graph: no launch overhead) and "compile"
     # (torch.compile, default mode). Recorded in `Verdict.baseline_speedups`; they never change the status, and the
@@ -112,6 +147,16 @@ class VerifyConfig:
             raise ValueError("timing_round_samples must be >= 1")
         if self.timing_input_sets < 1:
             raise ValueError("timing_input_sets must be >= 1")
+        if self.speedup_convention not in SPEEDUP_CONVENTIONS:
+            raise ValueError(f"speedup_convention must be one of {SPEEDUP_CONVENTIONS}, got {self.speedup_convention!r}")
+        if self.baseline_kernel_policy not in BASELINE_KERNEL_POLICIES:
+            raise ValueError(f"baseline_kernel_policy must be one of {BASELINE_KERNEL_POLICIES}, "
+                             f"got {self.baseline_kernel_policy!r}")
+        if self.timing_min_samples < 1:
+            raise ValueError("timing_min_samples must be >= 1")
+        self.timing_min_samples = min(self.timing_min_samples, self.timing_samples)
+        if self.max_run_timeout_s < self.run_timeout_s:
+            raise ValueError("max_run_timeout_s must be >= run_timeout_s")
         unknown = set(self.extra_baselines) - set(EXTRA_BASELINES)
         if unknown:
             raise ValueError(f"extra_baselines must be among {EXTRA_BASELINES}, got {sorted(unknown)}")
@@ -124,10 +169,26 @@ class VerifyConfig:
         return TOLERANCE_LOOSE
 
     def stage_time_limit(self, stage: str) -> float:
-        """Seconds a worker stage may take: the build limit, or the run limit plus the extra baselines' time."""
-        if stage == "build":
+        """Seconds a worker stage may take before the task's own estimate arrives: the build limit, or the run
+        limit plus the extra baselines' time."""
+        if stage in ("build", "pch"):
             return self.compile_timeout_s
         return self.run_timeout_s + sum(EXTRA_BASELINE_SECONDS[name] for name in self.extra_baselines)
+
+    def run_time_limit(self, draw_s: float, reference_call_s: float) -> float:
+        """The run stage's limit for a task whose input draw takes `draw_s` and whose reference call takes
+        `reference_call_s` (measured in the worker before candidate code runs): every call the judgement makes,
+        with the candidate allowed slow_candidate_factor times the reference's time per call, twice over, on top
+        of the base limit; at most max_run_timeout_s."""
+        trials = self.correctness_trials
+        pairs = self.timing_samples  # an upper bound where calls are slow: timing stops at its budget then
+        reference_calls = 2 + 2 * trials + 1 + 3 + 2 * pairs + 3 * len(self.extra_baselines) * pairs
+        candidate_calls = 2 * trials + 2 + 3 + 2 * pairs
+        draws = 2 + trials + 1 + self.timing_input_sets + pairs + 3
+        needed = (draws * draw_s + reference_calls * reference_call_s
+                  + candidate_calls * reference_call_s * self.slow_candidate_factor
+                  + 4 * self.timing_budget_s)  # both conventions' timing loops, and their rounds
+        return min(self.stage_time_limit("run") + 2 * needed, self.max_run_timeout_s)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -12,9 +12,17 @@ Runtime policy (reason codes; NOTES.md section 3):
   math flags and the thread count are compared with a snapshot taken before the candidate was imported.
 - `no_custom_kernel_ran` (deceptive): a profiler pass saw none of the candidate's own kernels; the custom share of
   GPU time is recorded (flag `minor_custom_kernel_share` under config.minor_custom_share).
+- `baseline_kernel` (deceptive under config.baseline_kernel_policy "reject", else a flag): the candidate's own
+  kernels did a minor share of its GPU time and PyTorch/library compute kernels the rest.
+- `nondeterministic_output` (incorrect): two runs of the candidate on the same inputs disagree far beyond rounding.
+- `infrastructure_error`: the verifier's own state ran out of GPU memory (`harness_out_of_memory`,
+  `reference_out_of_memory`); `candidate_out_of_memory` is the candidate's runtime error. Both are judged once
+  more with less resident state (config.low_memory) before the verdict stands.
 - `generated_kernels_ran` (deceptive): that profiler pass saw kernels a compiler generated from PyTorch code
   (Inductor's Triton kernels, nvFuser): torch.compile reached some way the static checks could not read.
 - `timed_output_mismatch` (deceptive): every timed call runs on fresh input values and its output is re-checked.
+- timing: every pair is timed in both conventions (`speedup_gpu`: flush and call enqueued back to back;
+  `speedup_host`: device synchronized before the call); `speedup` is config.speedup_convention's.
 - `work_outside_timed_stream` (deceptive): wall clock to a device-wide sync far exceeds the timed stream's events.
 - flags: `degenerate_task` (zeros or a constant pass the task), `overhead_dominated` (the reference takes under
   config.overhead_floor_multiple launch floors: never rewarded), `nondeterministic_reference`.
@@ -131,6 +139,9 @@ def _output_bytes(outputs: list[Any]) -> int:
                if isinstance(leaf, torch.Tensor))
 
 
+# Elements compared at a time: float64 temporaries of one chunk stay at 128 MB, whatever the output's size (a
+# full-size KernelBench output is 4 GiB of fp32; whole-tensor float64 temporaries of it do not fit beside it).
+COMPARE_CHUNK_ELEMENTS = 1 << 24
 # Timed calls draw fresh inputs each call only when one draw takes less than this.
 FRESH_DRAW_MAX_SECONDS = 0.02
 # Earlier reference outputs kept on the GPU for the stale-output check (the newest is always kept).
@@ -154,15 +165,55 @@ class Comparison:
     dtype_names: list[str] = field(default_factory=list)
 
 
-def compare_outputs(reference: Any, candidate: Any, tolerances: tuple[float, ...]) -> Comparison:
+def compare_outputs(reference: Any, candidate: Any, tolerances: tuple[float, ...],
+                    chunk: int = COMPARE_CHUNK_ELEMENTS) -> Comparison:
     """Compare every output leaf; any structural problem (count, type, shape, dtype) fails every tolerance."""
-    result = _compare_leaves(reference, candidate, tolerances)
+    result = _compare_leaves(reference, candidate, tolerances, chunk)
     if result.problem is not None:
         result.passes = {tol: False for tol in tolerances}
     return result
 
 
-def _compare_leaves(reference: Any, candidate: Any, tolerances: tuple[float, ...]) -> Comparison:
+def _flat_chunks(tensor: torch.Tensor, chunk: int):
+    """Consecutive flat pieces of `tensor` (row-major order) of at most about `chunk` elements, without a
+    whole-tensor copy: views of a contiguous tensor, else slices along the first dimension."""
+    if tensor.dim() == 0:
+        yield tensor.reshape(1)
+        return
+    if tensor.is_contiguous():
+        flat = tensor.view(-1)
+        for start in range(0, flat.numel(), chunk):
+            yield flat[start:start + chunk]
+        return
+    rows = max(1, chunk // max(1, tensor[0].numel()))
+    for start in range(0, tensor.shape[0], rows):
+        yield tensor[start:start + rows].reshape(-1)
+
+
+def _compare_tensor(ref: torch.Tensor, cand: torch.Tensor, tolerances: tuple[float, ...], result: Comparison,
+                    chunk: int) -> tuple[float, int]:
+    """Fold one output leaf into `result` chunk by chunk (max diff, unwritten count, allclose per tolerance);
+    returns (sum of finite absolute differences, element count) for the mean."""
+    total_abs, total_count = 0.0, 0
+    for ref_chunk, cand_chunk in zip(_flat_chunks(ref, chunk), _flat_chunks(cand, chunk)):
+        ref_f, cand_f = ref_chunk.double(), cand_chunk.double()
+        result.unwritten_elements += int((torch.isnan(cand_f) & torch.isfinite(ref_f)).sum())
+        diff = (ref_f - cand_f).abs().nan_to_num(nan=math.inf)
+        diff = torch.where(torch.isnan(ref_f) & torch.isnan(cand_f), torch.zeros_like(diff), diff)
+        if diff.numel():
+            result.max_abs_diff = max(result.max_abs_diff, float(diff.max()))
+            finite = torch.isfinite(diff)
+            total_abs += float(torch.where(finite, diff, torch.zeros_like(diff)).sum())
+            total_count += diff.numel()
+        for tol in tolerances:
+            if result.passes[tol]:
+                result.passes[tol] = bool(torch.allclose(cand_f, ref_f, atol=tol, rtol=tol, equal_nan=True))
+        del ref_f, cand_f, diff
+    return total_abs, total_count
+
+
+def _compare_leaves(reference: Any, candidate: Any, tolerances: tuple[float, ...],
+                    chunk: int = COMPARE_CHUNK_ELEMENTS) -> Comparison:
     ref_leaves, cand_leaves = _flatten_outputs(reference), _flatten_outputs(candidate)
     result = Comparison(passes={tol: True for tol in tolerances})
     if len(ref_leaves) != len(cand_leaves):
@@ -187,20 +238,18 @@ def _compare_leaves(reference: Any, candidate: Any, tolerances: tuple[float, ...
             result.problem = ("device_mismatch", f"output on {cand.device}, reference on {ref.device}")
             return result
         result.dtype_names.append(str(ref.dtype).replace("torch.", ""))
-        ref_f, cand_f = ref.double(), cand.double()
-        result.unwritten_elements += int((torch.isnan(cand_f) & torch.isfinite(ref_f)).sum())
-        diff = (ref_f - cand_f).abs().nan_to_num(nan=math.inf)
-        both_nan = torch.isnan(ref_f) & torch.isnan(cand_f)
-        diff = torch.where(both_nan, torch.zeros_like(diff), diff)
-        if diff.numel():
-            result.max_abs_diff = max(result.max_abs_diff, float(diff.max()))
-            total_abs += float(diff[torch.isfinite(diff)].sum())
-            total_count += diff.numel()
-        for tol in tolerances:
-            ok = bool(torch.allclose(cand_f, ref_f, atol=tol, rtol=tol, equal_nan=True))
-            result.passes[tol] = result.passes[tol] and ok
+        leaf_abs, leaf_count = _compare_tensor(ref, cand, tolerances, result, chunk)
+        total_abs += leaf_abs
+        total_count += leaf_count
     result.mean_abs_diff = total_abs / total_count if total_count else 0.0
     return result
+
+
+def consistency_tolerance(dtype_name: str, policy_tolerance: float, ratio: float) -> float:
+    """atol=rtol two runs of the candidate on identical inputs must agree to: far tighter than the correctness
+    tolerance, but never below a few units of the dtype's precision (atomics change the order of a sum)."""
+    eps = {"float16": 2.0**-10, "bfloat16": 2.0**-7, "float64": 2.0**-52}.get(dtype_name, 2.0**-23)
+    return max(policy_tolerance * ratio, 4 * eps)
 
 
 def fresh_inputs_on_device(get_inputs: Callable[[], list[Any]], like: list[Any], device: torch.device,
@@ -225,21 +274,28 @@ def fresh_inputs_on_device(get_inputs: Callable[[], list[Any]], like: list[Any],
     return values
 
 
-def _constant_outputs_pass(reference: Any, constants: list[float], tol: float) -> tuple[bool, bool]:
+def _constant_outputs_pass(reference: Any, constants: list[float], tol: float,
+                           chunk: int = COMPARE_CHUNK_ELEMENTS) -> tuple[bool, bool]:
     """Would all-zeros pass this output? Would a fixed value per output leaf pass it? (degenerate-task detection)
 
     `constants` are one value per floating-point leaf, taken from the first trial (its mean) and reused for every
     later trial: a task is degenerate when one input-independent answer passes all trials, not merely when each
-    output is constant within a trial (a scalar output always is)."""
+    output is constant within a trial (a scalar output always is). Chunked, like the comparison."""
     zeros_pass = constant_pass = True
     leaves = [ref for ref in _flatten_outputs(reference)
               if isinstance(ref, torch.Tensor) and ref.is_floating_point() and ref.numel() > 0]
     if not constants:
-        constants.extend(float(ref.double().mean()) for ref in leaves)
+        for ref in leaves:
+            total = sum(float(piece.double().sum()) for piece in _flat_chunks(ref, chunk))
+            constants.append(total / ref.numel())
     for ref, constant in zip(leaves, constants):
-        ref_f = ref.double()
-        zeros_pass &= bool(torch.allclose(torch.zeros_like(ref_f), ref_f, atol=tol, rtol=tol))
-        constant_pass &= bool(torch.allclose(torch.full_like(ref_f, constant), ref_f, atol=tol, rtol=tol))
+        for piece in _flat_chunks(ref, chunk):
+            ref_f = piece.double()
+            zeros_pass = zeros_pass and bool(torch.allclose(torch.zeros_like(ref_f), ref_f, atol=tol, rtol=tol))
+            constant_pass = constant_pass and bool(
+                torch.allclose(torch.full_like(ref_f, constant), ref_f, atol=tol, rtol=tol))
+            if not (zeros_pass or constant_pass):
+                return False, False
     return zeros_pass, constant_pass
 
 
@@ -276,48 +332,187 @@ class Judgement:
             self.flags.append(name)
 
 
-class CandidateJudge:
-    """Judges `candidate.ModelNew` against `reference.Model` on the current CUDA device."""
+class CandidateFailed(Exception):
+    """Candidate code raised while the harness timed it (the original is the cause)."""
 
-    def __init__(self, reference: ModuleType, candidate: ModuleType, config: VerifyConfig, guard: RuntimeGuard,
-                 custom_kernel_names: list[str]):
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """A CUDA out-of-memory error, raised by torch's allocator or reported by a CUDA call."""
+    return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
+
+
+def baseline_kernel_finding(custom_us: float, total_us: float, custom_ran: bool, minor_share: float) -> str | None:
+    """Why the candidate is a baseline kernel, or None: its own kernels ran but did less than `minor_share` of its
+    GPU time, and PyTorch / library compute kernels did the rest (memcpy and memset are not counted as either)."""
+    if not custom_ran or total_us <= 0:
+        return None
+    share = custom_us / total_us
+    if share >= minor_share or total_us - custom_us <= 0:
+        return None
+    return (f"the candidate's own kernels did {share:.1%} of its GPU time ({custom_us:.0f} of {total_us:.0f} us) and "
+            f"PyTorch/library compute kernels the other {1 - share:.1%}: the work is the baseline's, not the "
+            f"candidate's CUDA")
+
+
+class CandidateJudge:
+    """Judges `candidate.ModelNew` against `reference.Model` on the current CUDA device.
+
+    `control=True` judges the reference against itself (the candidate module's ModelNew is the reference's Model):
+    the trusted control that measures a task's reference through the correctness and timing path, with no
+    profiler pass (it has no custom kernels)."""
+
+    def __init__(self, reference: ModuleType, candidate: ModuleType | None, config: VerifyConfig, guard: RuntimeGuard,
+                 custom_kernel_names: list[str], *, control: bool = False):
         self.reference = reference
         self.candidate = candidate
         self.config = config
         self.guard = guard
         self.custom_kernel_names = custom_kernel_names
+        self.control = control
         self.device = torch.device("cuda", torch.cuda.current_device())
         self.judgement = Judgement()
         self.tolerances = (TOLERANCE_LOOSE, TOLERANCE_STRICT)
+        self.policy_tolerance = TOLERANCE_LOOSE
+        self.draw_on_gpu = False
+        self.probe: Any = None
+        self.prepared = False
         # Harness-owned references, taken before candidate code could patch the modules they live in.
         self._synchronize = torch.cuda.synchronize
         self._event = torch.cuda.Event
         self._perf_counter = time.perf_counter
 
-    # -- calls ----------------------------------------------------------------------------------------------------
+    # -- inputs ---------------------------------------------------------------------------------------------------
     def _inputs(self, seed: int) -> list[Any]:
         torch.manual_seed(seed)
+        if self.draw_on_gpu:
+            with torch.device(self.device):
+                return [_to_device(x, self.device) for x in self.reference.get_inputs()]
         return [_to_device(x, self.device) for x in self.reference.get_inputs()]
 
-    def _build_models(self) -> None:
-        init_inputs = [_to_device(x, self.device) for x in self.reference.get_init_inputs()]
+    def _choose_input_draw(self) -> float:
+        """Draw inputs on the host (the task's own get_inputs(), like KernelBench), or on the GPU when a host draw
+        is slow or large; returns the seconds one draw takes the chosen way. Both models always see the same
+        values; the verdict states which way they were drawn."""
+        cfg, provenance = self.config, self.judgement.fields.setdefault("provenance", {})
+        get_inputs = self.reference.get_inputs
+        planned_bytes = None
+        try:  # shapes without allocating: a meta-device dry run (fails for get_inputs that read values)
+            torch.manual_seed(cfg.seed)
+            with torch.device("meta"):
+                planned = list(get_inputs())
+            planned_bytes = sum(x.numel() * x.element_size() for x in planned if isinstance(x, torch.Tensor))
+        except Exception:  # noqa: BLE001 - the host draw below tells instead
+            planned = None
+        why = None
+        host_draw_s = None
+        if planned_bytes is not None and planned_bytes > cfg.gpu_draw_bytes:
+            why = f"inputs of {planned_bytes / 2**20:.0f} MB"
+        else:
+            started = self._perf_counter()
+            torch.manual_seed(cfg.seed)
+            planned = list(get_inputs())
+            host_draw_s = self._perf_counter() - started
+            if host_draw_s > cfg.slow_draw_seconds:
+                why = f"one host draw took {host_draw_s:.2f} s"
+        provenance["input_bytes"] = planned_bytes
+        if why is not None and planned is not None:
+            self._synchronize()
+            started = self._perf_counter()
+            torch.manual_seed(cfg.seed)
+            try:
+                with torch.device(self.device):
+                    drawn = list(get_inputs())
+                self._synchronize()
+                usable = len(drawn) == len(planned) and all(
+                    isinstance(a, torch.Tensor) == isinstance(b, torch.Tensor)
+                    and (not isinstance(a, torch.Tensor) or (a.shape == b.shape and a.dtype == b.dtype))
+                    for a, b in zip(drawn, planned))
+            except Exception:  # noqa: BLE001 - e.g. numpy inside get_inputs: stay on the host
+                usable = False
+            gpu_draw_s = self._perf_counter() - started
+            del planned
+            if usable:
+                self.draw_on_gpu = True
+                provenance["input_draw"] = (f"get_inputs() under a CUDA device context, seeded ({why}; one GPU draw "
+                                            f"{gpu_draw_s:.3f} s)")
+                return gpu_draw_s
+            provenance["input_draw"] = f"get_inputs() on the host ({why}; it cannot draw on the GPU)"
+        else:
+            provenance["input_draw"] = "get_inputs() on the host"
+        if host_draw_s is None:
+            started = self._perf_counter()
+            self._inputs(cfg.seed)
+            host_draw_s = self._perf_counter() - started
+        return host_draw_s
+
+    # -- calls ----------------------------------------------------------------------------------------------------
+    def prepare_reference(self) -> tuple[float, float]:
+        """Trusted set-up before any candidate code runs: the input draw, the reference model, and one probe call.
+        Returns (seconds of one input draw, seconds of one reference call), from which the run's limit is sized."""
+        cfg = self.config
         try:
-            torch.manual_seed(self.config.seed)
+            draw_s = self._choose_input_draw()
+            init_inputs = [_to_device(x, self.device) for x in self.reference.get_init_inputs()]
+            self.init_inputs = init_inputs
+            torch.manual_seed(cfg.seed)
             self.ref_model = self.reference.Model(*init_inputs).to(self.device)
+        except Rejection:
+            raise
         except Exception as exc:  # noqa: BLE001 - a broken reference is reported, not raised
-            raise Rejection(Status.RUNTIME_ERROR, "reference_failed", f"reference Model(): {exc!r}", "correctness") from exc
+            if is_out_of_memory(exc):
+                raise self._infrastructure("reference_out_of_memory", f"the reference's set-up ran out of memory: "
+                                           f"{exc}"[:1000]) from exc
+            raise Rejection(Status.RUNTIME_ERROR, "reference_failed", f"reference Model(): {exc!r}"[:2000],
+                            "correctness") from exc
+        inputs = self._inputs(cfg.seed - 1)
+        self.probe = self._call_reference(inputs, cfg.seed - 1)
+        started = self._perf_counter()
+        again = self._call_reference(inputs, cfg.seed - 1)
+        call_s = self._perf_counter() - started
+        del inputs, again
+        self.prepared = True
+        return draw_s, call_s
+
+    def _build_candidate(self) -> None:
+        if self.control:
+            self.cand_model = self.ref_model
+            return
         try:
             torch.manual_seed(self.config.seed)
-            self.cand_model = self.candidate.ModelNew(*init_inputs).to(self.device)
+            self.cand_model = self.candidate.ModelNew(*self.init_inputs).to(self.device)
         except Exception as exc:  # noqa: BLE001
-            raise Rejection(Status.RUNTIME_ERROR, "construct_failed", f"ModelNew(): {exc!r}", "correctness") from exc
+            if is_out_of_memory(exc):
+                raise self._candidate_out_of_memory(exc, "construction")
+            raise Rejection(Status.RUNTIME_ERROR, "construct_failed", f"ModelNew(): {exc!r}"[:2000],
+                            "correctness") from exc
         self.guard.check("while building ModelNew")
+
+    def _infrastructure(self, code: str, message: str) -> Rejection:
+        """A failure of the verifier itself: judged again once with less resident state (see api.py)."""
+        rejection = Rejection(Status.INFRASTRUCTURE_ERROR, code, message, "infrastructure")
+        rejection.retry_low_memory = not self.config.low_memory
+        return rejection
+
+    def _candidate_out_of_memory(self, exc: BaseException, stage: str) -> Rejection:
+        """The candidate's own allocation failed. On the first attempt the verifier held full resident state, so
+        it is judged once more with less of it; if it fails again there, it is the candidate's runtime error."""
+        rejection = Rejection(Status.RUNTIME_ERROR, "candidate_out_of_memory",
+                              f"ModelNew ran out of GPU memory ({stage}): {exc}"[:2000], stage)
+        rejection.retry_low_memory = not self.config.low_memory
+        return rejection
 
     def _call_reference(self, inputs: list[Any], seed: int) -> Any:
         torch.manual_seed(seed)  # same RNG stream for both models (dropout and friends)
-        with torch.no_grad():
-            out = self.ref_model(*_clone(inputs))
-        self._synchronize()
+        try:
+            with torch.no_grad():
+                out = self.ref_model(*_clone(inputs))
+            self._synchronize()
+        except Exception as exc:  # noqa: BLE001
+            if is_out_of_memory(exc):
+                raise self._infrastructure("reference_out_of_memory",
+                                           f"the reference ran out of GPU memory beside the verifier's state: {exc}"[:1000]) from exc
+            raise Rejection(Status.RUNTIME_ERROR, "reference_failed", f"reference forward: {exc!r}"[:2000],
+                            "correctness") from exc
         return out
 
     def _call_candidate(self, inputs: list[Any], seed: int, stage: str) -> Any:
@@ -328,6 +523,8 @@ class CandidateJudge:
                 out = self.cand_model(*given)
             self._synchronize()
         except Exception as exc:  # noqa: BLE001 - any failure of candidate code is its runtime error
+            if is_out_of_memory(exc):
+                raise self._candidate_out_of_memory(exc, stage) from exc
             raise Rejection(Status.RUNTIME_ERROR, "candidate_raised", f"{type(exc).__name__}: {exc}"[:2000], stage) from exc
         _reject_mutated_inputs(inputs, given, f"during a {stage} call")
         self.guard.check(f"during a ModelNew call ({stage})")
@@ -336,14 +533,15 @@ class CandidateJudge:
     def _poison_allocator(self, template: Any) -> None:
         """Hand the caching allocator NaN-filled blocks of every output's size, so an output that the candidate
         allocates and never writes reads back as NaN instead of a stale (possibly correct) result."""
+        copies = 1 if self.config.low_memory else 2
         blocks = []
         for leaf in _flatten_outputs(template):
             if isinstance(leaf, torch.Tensor) and leaf.is_floating_point():
-                for _ in range(2):
+                for _ in range(copies):
                     blocks.append(torch.full_like(leaf, float("nan")))
             elif isinstance(leaf, torch.Tensor) and not leaf.is_complex():
                 fill = True if leaf.dtype == torch.bool else torch.iinfo(leaf.dtype).max
-                for _ in range(2):
+                for _ in range(copies):
                     blocks.append(torch.full_like(leaf, fill))
         self._synchronize()
         del blocks
@@ -351,25 +549,28 @@ class CandidateJudge:
     # -- stages ---------------------------------------------------------------------------------------------------
     def run_correctness(self) -> None:
         cfg, j = self.config, self.judgement
-        probe = self._call_reference(self._inputs(cfg.seed - 1), cfg.seed - 1)
         comparisons: list[Comparison] = []
         passed = {tol: 0 for tol in self.tolerances}
         decided = 0
         zeros_everywhere = constant_everywhere = True
         constants: list[float] = []  # the first trial's output means: the fixed answer tried on every trial
         earlier_refs: list[Any] = []  # reference outputs of earlier trials (memory-bounded), for _reject_stale_output
+        stale_bytes = 0 if cfg.low_memory else STALE_CHECK_BYTES
+        worst_consistency: tuple[float, float] | None = None  # (max abs diff between two runs, tolerance)
         for trial in range(cfg.correctness_trials):
             seed = cfg.seed + trial
             inputs = self._inputs(seed)
-            self._poison_allocator(earlier_refs[-1] if earlier_refs else probe)
+            self._poison_allocator(earlier_refs[-1] if earlier_refs else self.probe)
             cand_before = self._call_candidate(inputs, seed, "correctness")
             ref_out = self._call_reference(inputs, seed)
             if trial == 0:
                 again = self._call_reference(inputs, seed)
                 if not compare_outputs(ref_out, again, (TOLERANCE_STRICT,)).passes[TOLERANCE_STRICT]:
                     j.flag("nondeterministic_reference")
+                del again
             self._poison_allocator(ref_out)
             cand_after = self._call_candidate(inputs, seed, "correctness")
+            del inputs
             zeros_pass, constant_pass = _constant_outputs_pass(ref_out, constants, TOLERANCE_LOOSE)
             zeros_everywhere &= zeros_pass
             constant_everywhere &= constant_pass
@@ -381,11 +582,21 @@ class CandidateJudge:
             for output, comparison in zip((cand_before, cand_after), trial_cmp):
                 if not comparison.passes[policy_tol]:
                     self._reject_stale_output(output, ref_out, earlier_refs, trial)
+            if all(c.problem is None for c in trial_cmp) and "nondeterministic_reference" not in j.flags:
+                # The same inputs twice (before and after the reference ran): a race shows up as disagreement.
+                tight = min(consistency_tolerance(d, policy_tol, cfg.consistency_tolerance_ratio)
+                            for d in (trial_cmp[0].dtype_names or ["float32"]))
+                consistency = compare_outputs(cand_before, cand_after, (tight,))
+                if not consistency.passes[tight] and (worst_consistency is None
+                                                      or consistency.max_abs_diff > worst_consistency[0]):
+                    worst_consistency = (consistency.max_abs_diff, tight)
+            del cand_before, cand_after
             earlier_refs.append(ref_out)
-            while len(earlier_refs) > 1 and _output_bytes(earlier_refs) > STALE_CHECK_BYTES:
+            while len(earlier_refs) > 1 and _output_bytes(earlier_refs) > stale_bytes:
                 earlier_refs.pop(0)
             decided += all(c.passes[policy_tol] for c in trial_cmp)
             self.policy_tolerance = policy_tol
+        del earlier_refs
         worst = next((c for c in comparisons if c.problem), None) or max(comparisons, key=lambda c: c.max_abs_diff)
         j.fields.update(max_abs_diff=worst.max_abs_diff, mean_abs_diff=worst.mean_abs_diff,
                         correct_at_1e2=passed[TOLERANCE_LOOSE] == cfg.correctness_trials,
@@ -403,6 +614,11 @@ class CandidateJudge:
             raise Rejection(Status.INCORRECT, "output_mismatch",
                             f"{decided}/{cfg.correctness_trials} trials within atol=rtol={self.policy_tolerance:g}; "
                             f"max abs diff {worst.max_abs_diff:.3e}", "correctness")
+        if worst_consistency is not None:
+            raise Rejection(Status.INCORRECT, "nondeterministic_output",
+                            f"two runs of ModelNew on the same inputs differ by up to {worst_consistency[0]:.3e} "
+                            f"(allowed {worst_consistency[1]:.1e}, far inside the correctness tolerance "
+                            f"{self.policy_tolerance:g}): a race between threads, not rounding", "correctness")
 
     @staticmethod
     def _reject_stale_output(output: Any, ref_out: Any, earlier_refs: list[Any], trial: int) -> None:
@@ -434,6 +650,7 @@ class CandidateJudge:
             self.judgement.flag("profiler_unavailable")
             self.judgement.reasons.append(Reason("profiler_unavailable", repr(exc)[:500], "anti_gaming"))
             return
+        del inputs
         total_us = sum(e.time_range.elapsed_us() for e in events)
         custom = [e for e in events if kernel_is_named(e.name, self.custom_kernel_names)]
         custom_us = sum(e.time_range.elapsed_us() for e in custom)
@@ -450,12 +667,28 @@ class CandidateJudge:
                             f"ran; GPU kernels seen: {sorted({e.name[:60] for e in events})[:5]}", "anti_gaming")
         if self.judgement.fields["custom_kernel_time_share"] < self.config.minor_custom_share:
             self.judgement.flag("minor_custom_kernel_share")
+        finding = baseline_kernel_finding(custom_us, total_us, bool(custom), self.config.minor_custom_share)
+        if finding is not None:
+            if self.config.baseline_kernel_policy == "reject":
+                raise Rejection(Status.DECEPTIVE, "baseline_kernel", finding, "anti_gaming")
+            self.judgement.flag("baseline_kernel")
+            self.judgement.fields["provenance"]["baseline_kernel"] = finding
 
-    def _timed(self, fn: Callable[[], Any], flush: torch.Tensor) -> tuple[Any, float, float]:
-        """One timed call: L2 flushed, CUDA events on the current stream, plus wall clock to a device-wide sync."""
+    def _timed_gpu(self, fn: Callable[[], Any], flush: torch.Tensor, start: Any, end: Any) -> tuple[Any, float]:
+        """GPU-time convention (KernelBench, triton do_bench): the flush and the call are enqueued back to back, so
+        the GPU is busy flushing while the host launches and the events bracket GPU work, not launch latency."""
+        flush.zero_()
+        start.record()
+        out = fn()
+        end.record()
+        self._synchronize()
+        return out, start.elapsed_time(end)
+
+    def _timed_host(self, fn: Callable[[], Any], flush: torch.Tensor, start: Any, end: Any) -> tuple[Any, float, float]:
+        """Host-inclusive convention: the device is idle when the start event is recorded, so the interval also
+        holds the host's launch latency of forward; plus wall clock to a device-wide sync (side-stream check)."""
         flush.zero_()
         self._synchronize()
-        start, end = self._event(enable_timing=True), self._event(enable_timing=True)
         wall_start = self._perf_counter()
         start.record()
         out = fn()
@@ -464,20 +697,22 @@ class CandidateJudge:
         wall_ms = (self._perf_counter() - wall_start) * 1e3
         return out, start.elapsed_time(end), wall_ms
 
-    def _launch_floor_ms(self, flush: torch.Tensor) -> float:
-        """Median time of a one-element kernel timed like the models: the floor under which times are overhead."""
+    def _launch_floors_ms(self, flush: torch.Tensor, start: Any, end: Any) -> dict[str, float]:
+        """Median time of a one-element kernel in each convention: the floor under which times are overhead."""
         scalar = torch.zeros(1, device=self.device)
-        samples = [self._timed(lambda: scalar.add_(1), flush)[1] for _ in range(30)]
-        return statistics.median(samples)
+        gpu = [self._timed_gpu(lambda: scalar.add_(1), flush, start, end)[1] for _ in range(30)]
+        host = [self._timed_host(lambda: scalar.add_(1), flush, start, end)[1] for _ in range(30)]
+        return {"gpu": statistics.median(gpu), "host": statistics.median(host)}
 
     def run_timing(self) -> None:
-        """Interleaved reference/candidate pairs (order alternating, L2 flushed before each call) on fresh inputs;
-        the speedup is the median of the per-pair ratios, so slow drifts (clocks, temperature) cancel. Samples come
-        in rounds with freshly allocated input buffers until the median is known to cfg.timing_target_precision."""
+        """Interleaved reference/candidate pairs (order alternating, L2 flushed before each call) on fresh inputs,
+        each pair timed in both conventions; a speedup is the median of its convention's per-pair ratios, so slow
+        drifts (clocks, temperature) cancel. Samples come in rounds with freshly allocated input buffers until the
+        configured convention's median is known to cfg.timing_target_precision (or the budget is spent)."""
         cfg, j = self.config, self.judgement
         flush = torch.empty(cfg.l2_flush_mb * 2**20 // 4, dtype=torch.int32, device=self.device)
-        input_sets = [self._inputs(cfg.seed + 1000 + k) for k in range(cfg.timing_input_sets)]
-        buffers = _clone(input_sets[0])
+        start, end = self._event(enable_timing=True), self._event(enable_timing=True)
+        buffers = self._inputs(cfg.seed + 1000)
         generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
 
         def draw(sample: int) -> list[Any] | None:
@@ -491,6 +726,8 @@ class CandidateJudge:
         draws_on_device = draw(-1) is not None
         self._synchronize()
         draws_on_device &= self._perf_counter() - draw_started < FRESH_DRAW_MAX_SECONDS
+        input_sets = [] if draws_on_device else [
+            self._inputs(cfg.seed + 1000 + k) for k in range(1 if cfg.low_memory else cfg.timing_input_sets)]
 
         def load_fresh_inputs(sample: int) -> None:
             # New values every call (addresses change only between rounds): defeats caches keyed by pointer, call
@@ -518,82 +755,111 @@ class CandidateJudge:
                 if isinstance(buf, torch.Tensor):
                     buf.copy_(orig)
 
+        ref_model, cand_model = self.ref_model, self.cand_model
+
         def call_ref() -> Any:
-            with torch.no_grad():
-                return self.ref_model(*buffers)
+            return ref_model(*buffers)
 
         def call_cand() -> Any:
-            with torch.no_grad():
-                return self.cand_model(*buffers)
+            try:
+                return cand_model(*buffers)
+            except Exception as exc:  # noqa: BLE001 - tagged: the candidate's failure, not the harness's
+                raise CandidateFailed(f"{type(exc).__name__}: {exc}") from exc
 
-        floor_ms = self._launch_floor_ms(flush)
-        warm_start = self._perf_counter()
-        warm_calls = 0
-        while warm_calls < 3 or self._perf_counter() - warm_start < cfg.warmup_seconds:
-            load_fresh_inputs(warm_calls)
-            call_ref()
-            call_cand()
-            self._synchronize()
-            warm_calls += 1
-        ref_ms, cand_ms, ref_wall, cand_wall, ratios = [], [], [], [], []
-        recheck = "nondeterministic_reference" not in j.flags
-        timing_start, rounds, sample = self._perf_counter(), 1, 0
-        while True:
-            if sample and sample % cfg.timing_round_samples == 0:
-                # New allocations while the old ones are alive, so the round gets other addresses.
-                fresh = _clone(buffers)
-                buffers[:] = fresh
-                del fresh
-                rounds += 1
-            load_fresh_inputs(sample + warm_calls)
-            pristine = _clone(buffers)
-            for which in (("ref", "cand") if sample % 2 == 0 else ("cand", "ref")):
-                if which == "ref":
-                    ref_out, r_ms, r_wall = self._timed(call_ref, flush)
-                    restore(pristine)  # the reference may legitimately work in place
-                else:
-                    cand_out, c_ms, c_wall = self._timed(call_cand, flush)
-                    _reject_mutated_inputs(pristine, buffers, f"during timed call {sample}")
-            ref_ms.append(r_ms)
-            ref_wall.append(r_wall)
-            cand_ms.append(c_ms)
-            cand_wall.append(c_wall)
-            ratios.append(r_ms / c_ms if c_ms > 0 else math.inf)
-            if recheck:
-                comparison = compare_outputs(ref_out, cand_out, (self.policy_tolerance,))
-                if not comparison.passes[self.policy_tolerance]:
-                    raise Rejection(Status.DECEPTIVE, "timed_output_mismatch",
-                                    f"timed call {sample} on fresh inputs returned a wrong result (max abs diff "
-                                    f"{comparison.max_abs_diff:.3e}): a cache or phase-dependent behaviour", "anti_gaming")
-            del ref_out, cand_out, pristine
-            sample += 1
-            if sample >= cfg.timing_samples and sample % cfg.timing_round_samples == 0:
-                low, high = median_interval(ratios)
-                precise = (high - low) / 2 <= cfg.timing_target_precision * statistics.median(ratios)
+        with torch.no_grad():  # entered once: nothing but the forward call sits between the two events
+            floors = self._launch_floors_ms(flush, start, end)
+            warm_start = self._perf_counter()
+            warm_calls = 0
+            while warm_calls < 3 or self._perf_counter() - warm_start < cfg.warmup_seconds:
+                load_fresh_inputs(warm_calls)
+                call_ref()
+                call_cand()
+                self._synchronize()
+                warm_calls += 1
+            pair_s = (self._perf_counter() - warm_start) / warm_calls
+            # Fewer pairs where each is slow: the budget bounds timing, with at least timing_min_samples pairs.
+            min_pairs = max(cfg.timing_min_samples, min(cfg.timing_samples, int(cfg.timing_budget_s / (2 * pair_s))))
+            times: dict[str, dict[str, list[float]]] = {c: {"ref": [], "cand": []} for c in ("gpu", "host")}
+            walls: dict[str, list[float]] = {"ref": [], "cand": []}
+            ratios: dict[str, list[float]] = {"gpu": [], "host": []}
+            recheck = "nondeterministic_reference" not in j.flags
+            timing_start, rounds, sample = self._perf_counter(), 1, 0
+            while True:
+                if sample and sample % cfg.timing_round_samples == 0:
+                    # New allocations while the old ones are alive, so the round gets other addresses.
+                    fresh = _clone(buffers)
+                    buffers[:] = fresh
+                    del fresh
+                    rounds += 1
+                load_fresh_inputs(sample + warm_calls)
+                pristine = _clone(buffers)
+                conventions = ("gpu", "host") if sample % 2 == 0 else ("host", "gpu")
+                order = ("ref", "cand") if (sample // 2) % 2 == 0 else ("cand", "ref")
+                for convention in conventions:
+                    outputs: dict[str, Any] = {}
+                    for which in order:
+                        fn = call_ref if which == "ref" else call_cand
+                        if convention == "gpu":
+                            outputs[which], ms = self._timed_gpu(fn, flush, start, end)
+                        else:
+                            outputs[which], ms, wall = self._timed_host(fn, flush, start, end)
+                            walls[which].append(wall)
+                        times[convention][which].append(ms)
+                        if which == "ref":
+                            restore(pristine)  # the reference may legitimately work in place
+                        else:
+                            _reject_mutated_inputs(pristine, buffers, f"during timed call {sample}")
+                    r_ms, c_ms = times[convention]["ref"][-1], times[convention]["cand"][-1]
+                    ratios[convention].append(r_ms / c_ms if c_ms > 0 else math.inf)
+                    if recheck:
+                        comparison = compare_outputs(outputs["ref"], outputs["cand"], (self.policy_tolerance,))
+                        if not comparison.passes[self.policy_tolerance]:
+                            raise Rejection(Status.DECEPTIVE, "timed_output_mismatch",
+                                            f"timed call {sample} on fresh inputs returned a wrong result (max abs "
+                                            f"diff {comparison.max_abs_diff:.3e}): a cache or phase-dependent "
+                                            "behaviour", "anti_gaming")
+                    del outputs
+                del pristine
+                sample += 1
                 out_of_time = self._perf_counter() - timing_start > cfg.timing_budget_s
-                if precise or out_of_time or sample >= cfg.timing_max_samples:
-                    break
+                if sample >= min_pairs and (sample % cfg.timing_round_samples == 0 or out_of_time
+                                            or sample >= cfg.timing_max_samples):
+                    low, high = median_interval(ratios[cfg.speedup_convention])
+                    precise = (high - low) / 2 <= cfg.timing_target_precision * statistics.median(
+                        ratios[cfg.speedup_convention])
+                    if (sample >= cfg.timing_samples and precise) or out_of_time or sample >= cfg.timing_max_samples:
+                        break
         self.guard.check("during timing")
-        ref_stats, cand_stats = timing_stats(ref_ms), timing_stats(cand_ms)
-        cand_wall_med, ref_wall_med = statistics.median(cand_wall), statistics.median(ref_wall)
-        speedup = statistics.median(ratios)  # (low, high): the interval the stopping rule computed last
+        chosen = cfg.speedup_convention
+        stats = {c: (timing_stats(times[c]["ref"]), timing_stats(times[c]["cand"])) for c in ("gpu", "host")}
+        speedups = {c: statistics.median(ratios[c]) for c in ("gpu", "host")}
+        ref_stats, cand_stats = stats[chosen]
         j.fields.update(reference_timing=ref_stats, candidate_timing=cand_stats,
-                        speedup=speedup if math.isfinite(speedup) else None)
+                        speedup=speedups[chosen] if math.isfinite(speedups[chosen]) else None,
+                        speedup_gpu=speedups["gpu"] if math.isfinite(speedups["gpu"]) else None,
+                        speedup_host=speedups["host"] if math.isfinite(speedups["host"]) else None,
+                        speedup_convention=chosen)
+        other = "host" if chosen == "gpu" else "gpu"
+        cand_wall_med, ref_wall_med = statistics.median(walls["cand"]), statistics.median(walls["ref"])
         j.fields.setdefault("provenance", {}).update(
-            launch_floor_ms=floor_ms, reference_wall_median_ms=ref_wall_med, candidate_wall_median_ms=cand_wall_med,
+            launch_floor_ms=floors[chosen], launch_floors_ms=floors,
+            reference_wall_median_ms=ref_wall_med, candidate_wall_median_ms=cand_wall_med,
             timing_inputs=("a fresh get_inputs() draw on the GPU for every call" if draws_on_device else
-                           f"{cfg.timing_input_sets} stored input sets, rows re-permuted for every call"),
-            speedup_ci95=[low, high], speedup_of_medians=(ref_stats.median_ms / cand_stats.median_ms
-                                                           if cand_stats.median_ms > 0 else None),
-            timing_pairs=sample, timing_rounds=rounds)
+                           f"{len(input_sets)} stored input set(s), rows re-permuted for every call"),
+            speedup_ci95=[low, high],
+            speedup_of_medians=(ref_stats.median_ms / cand_stats.median_ms if cand_stats.median_ms > 0 else None),
+            **{f"reference_median_ms_{other}": stats[other][0].median_ms,
+               f"candidate_median_ms_{other}": stats[other][1].median_ms},
+            timing_pairs=sample, timing_rounds=rounds, timing_min_pairs=min_pairs)
         # Work on a side stream or thread is invisible to the events but not to a device-wide sync.
-        ref_excess = max(ref_wall_med - ref_stats.median_ms, 0.0)
-        cand_excess = cand_wall_med - cand_stats.median_ms
-        if cand_excess > max(1.0 * cand_stats.median_ms, 0.05) + 2 * ref_excess:
+        host_ref, host_cand = stats["host"]
+        ref_excess = max(ref_wall_med - host_ref.median_ms, 0.0)
+        cand_excess = cand_wall_med - host_cand.median_ms
+        if cand_excess > max(1.0 * host_cand.median_ms, 0.05) + 2 * ref_excess:
             raise Rejection(Status.DECEPTIVE, "work_outside_timed_stream",
-                            f"wall clock to device sync {cand_wall_med:.3f} ms vs {cand_stats.median_ms:.3f} ms on the "
+                            f"wall clock to device sync {cand_wall_med:.3f} ms vs {host_cand.median_ms:.3f} ms on the "
                             "timed stream: work escapes the timer", "anti_gaming")
-        if ref_stats.median_ms < cfg.overhead_floor_multiple * floor_ms:
+        if ref_stats.median_ms < cfg.overhead_floor_multiple * floors[chosen]:
             j.flag("overhead_dominated")
 
     def _baseline_callable(self, name: str, inputs: list[Any]) -> Callable[[], Any]:
@@ -627,42 +893,69 @@ class CandidateJudge:
 
     def run_extra_baselines(self) -> None:
         """Time the reference as each of config.extra_baselines (CUDA graph, torch.compile) on one fresh input set,
-        L2 flushed, the eager timing's sample count; speedup = that median / the candidate's eager-run median (a
-        ratio of medians, not paired). Runs after every check on the candidate, which is not called here; a baseline
-        that cannot be built for this reference is recorded with its error and changes nothing else."""
+        L2 flushed, in the configured convention, the eager timing's sample count (bounded by the timing budget);
+        speedup = that median / the candidate's eager-run median (a ratio of medians, not paired). Runs after
+        every check on the candidate, which is not called here; a baseline that cannot be built for this reference
+        is recorded with its error and changes nothing else."""
         cfg, j = self.config, self.judgement
         candidate_ms = j.fields["candidate_timing"].median_ms
         flush = torch.empty(cfg.l2_flush_mb * 2**20 // 4, dtype=torch.int32, device=self.device)
+        start, end = self._event(enable_timing=True), self._event(enable_timing=True)
         inputs = self._inputs(cfg.seed + 3000)
+        timed_pairs = j.fields.get("provenance", {}).get("timing_pairs", cfg.timing_samples)
+        samples = max(cfg.timing_min_samples, min(cfg.timing_samples, timed_pairs))
         results: dict[str, Any] = {}
         for name in cfg.extra_baselines:
             try:
                 call = self._baseline_callable(name, inputs)
-                times = [self._timed(call, flush)[1] for _ in range(cfg.timing_samples)]
+                if cfg.speedup_convention == "gpu":
+                    times = [self._timed_gpu(call, flush, start, end)[1] for _ in range(samples)]
+                else:
+                    times = [self._timed_host(call, flush, start, end)[1] for _ in range(samples)]
             except Exception as exc:  # noqa: BLE001 - e.g. a reference torch.compile or graph capture cannot handle
                 results[name] = {"error": f"{type(exc).__name__}: {exc}"[:500]}
                 continue
             median_ms = statistics.median(times)
-            results[name] = {"median_ms": median_ms, "n": len(times),
+            results[name] = {"median_ms": median_ms, "n": len(times), "convention": cfg.speedup_convention,
                              "speedup": median_ms / candidate_ms if candidate_ms > 0 else None}
         j.fields["baseline_speedups"] = results
 
     def run(self, *, with_timing: bool = True) -> Judgement:
         try:
-            self._build_models()
-            self.run_correctness()
-            self.run_profiler_check()
-            if with_timing:
-                try:
+            try:
+                if not self.prepared:
+                    self.prepare_reference()
+                self._build_candidate()
+                self.run_correctness()
+                if not self.control:
+                    self.run_profiler_check()
+                if with_timing:
                     self.run_timing()
-                except Rejection:
-                    raise
-                except Exception as exc:  # noqa: BLE001 - candidate code failing while timed is its runtime error
-                    raise Rejection(Status.RUNTIME_ERROR, "candidate_raised", f"{type(exc).__name__}: {exc}"[:2000],
-                                    "timing") from exc
-                if self.config.extra_baselines:
-                    self.run_extra_baselines()
+                    if self.config.extra_baselines:
+                        self.run_extra_baselines()
+            except Rejection:
+                raise
+            except CandidateFailed as failed:  # candidate code raised while timed: its runtime error
+                cause = failed.__cause__ or failed
+                if is_out_of_memory(cause):
+                    raise self._candidate_out_of_memory(cause, "timing") from failed
+                raise Rejection(Status.RUNTIME_ERROR, "candidate_raised", str(failed)[:2000], "timing") from failed
+            except Exception as exc:  # noqa: BLE001
+                if is_out_of_memory(exc):  # the verifier's own allocations (inputs, clones, comparisons)
+                    raise self._infrastructure("harness_out_of_memory",
+                                               f"the verifier ran out of GPU memory for its own state: {exc}"[:1000]) from exc
+                # Anything else after candidate code ran (e.g. a sticky CUDA fault surfacing at the next sync) is
+                # the candidate's runtime error, as in verifier 0.2.
+                raise Rejection(Status.RUNTIME_ERROR, "candidate_raised", f"{type(exc).__name__}: {exc}"[:2000],
+                                "timing") from exc
         except Rejection as rejection:
             self.judgement.status = rejection.status
             self.judgement.reasons.append(rejection.reason)
+            if getattr(rejection, "retry_low_memory", False):
+                self.judgement.fields["retry_low_memory"] = True
+        finally:
+            try:
+                self.judgement.fields["peak_gpu_memory_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+            except Exception:  # noqa: BLE001 - a poisoned context cannot report; the verdict goes on without it
+                pass
         return self.judgement

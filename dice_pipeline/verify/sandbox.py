@@ -9,6 +9,7 @@ process in the worker's group (nvcc, cc1plus and ninja included) and kills the g
 from __future__ import annotations
 
 import functools
+import json
 import os
 import shutil
 import signal
@@ -38,6 +39,7 @@ class SandboxResult:
     peak_rss_mb: float
     output_tail: str
     network_isolated: bool
+    limit_s: float | None = None  # the time limit in force at the end (the initial one, or the one the task asked)
 
     @property
     def killed_by_signal(self) -> int | None:
@@ -94,13 +96,18 @@ def _kill_group(pgid: int) -> None:
 def run_isolated(argv: list[str], *, cwd: str | Path, env: dict[str, str], timeout_s: float,
                  memory_cap_mb: int | None = None, isolate_network: bool = True,
                  log_name: str = "worker.log", gate: threading.Event | None = None,
-                 gate_path: str | Path | None = None, cpus: set[int] | None = None) -> SandboxResult:
+                 gate_path: str | Path | None = None, cpus: set[int] | None = None,
+                 max_timeout_s: float | None = None) -> SandboxResult:
     """Run `argv` in its own session and wait; stdout and stderr go to `cwd/log_name`, whose tail is returned.
 
     With a `gate`, the process starts at once but is told to go only when the gate is set (by creating
     `gate_path`, which the worker waits for): a worker can do its trusted start-up (interpreter, imports) while
     another uses the GPU. The time limit and `wall_seconds` count from the go. `cpus`: the cores the process (and
-    every process it starts later) may run on."""
+    every process it starts later) may run on.
+
+    With `max_timeout_s`, the process may ask once for a longer limit (up to that cap) by writing
+    `{"limit_s": X}` to the pipe whose descriptor it finds in DICE_RUN_LIMIT_FD and closing it: the worker does so
+    after measuring its task, before any untrusted code runs, so the limit fits the task's size."""
     if (gate is None) != (gate_path is None):
         raise ValueError("gate and gate_path go together")
     prefix = network_isolation_prefix() if isolate_network else ()
@@ -108,9 +115,33 @@ def run_isolated(argv: list[str], *, cwd: str | Path, env: dict[str, str], timeo
     start = time.monotonic()
     peak_rss = 0.0
     timed_out = memory_exceeded = False
+    limit = {"s": timeout_s, "asked": None}
+    read_fd = write_fd = None
+    if max_timeout_s is not None:
+        read_fd, write_fd = os.pipe()
+        env = {**env, "DICE_RUN_LIMIT_FD": str(write_fd)}
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen([*prefix, *argv], cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            proc = subprocess.Popen([*prefix, *argv], cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                    pass_fds=(write_fd,) if write_fd is not None else ())
+        finally:
+            if write_fd is not None:
+                os.close(write_fd)  # the child holds the only write end now: EOF when it closes (or dies)
+        if read_fd is not None:
+            def read_limit() -> None:
+                chunks = []
+                with os.fdopen(read_fd, "rb") as pipe:
+                    while chunk := pipe.read(4096):
+                        chunks.append(chunk)
+                try:
+                    asked = float(json.loads(b"".join(chunks).decode())["limit_s"])
+                except (ValueError, KeyError, TypeError):
+                    return  # nothing (or garbage) written: the initial limit stands
+                limit["asked"] = asked
+                limit["s"] = min(max(timeout_s, asked), max_timeout_s)
+
+            threading.Thread(target=read_limit, daemon=True).start()
         if cpus:
             try:  # right after the start, before the worker runs any compiler: children inherit the mask
                 os.sched_setaffinity(proc.pid, cpus)
@@ -136,9 +167,15 @@ def run_isolated(argv: list[str], *, cwd: str | Path, env: dict[str, str], timeo
             Path(gate_path).touch()
             start = time.monotonic()
         try:
-            proc.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
+            while proc.poll() is None:
+                remaining = limit["s"] - (time.monotonic() - start)
+                if remaining <= 0:
+                    timed_out = True
+                    break
+                try:
+                    proc.wait(timeout=min(remaining, 0.5))
+                except subprocess.TimeoutExpired:
+                    pass
         finally:
             # Kill the whole group even on a clean exit: a worker must leave no grandchildren behind.
             _kill_group(proc.pid)
@@ -149,5 +186,5 @@ def run_isolated(argv: list[str], *, cwd: str | Path, env: dict[str, str], timeo
     return SandboxResult(
         returncode=proc.returncode, timed_out=timed_out, memory_exceeded=memory_exceeded,
         wall_seconds=time.monotonic() - start, peak_rss_mb=peak_rss, output_tail=output,
-        network_isolated=bool(prefix),
+        network_isolated=bool(prefix), limit_s=limit["s"],
     )

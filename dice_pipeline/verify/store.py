@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from dice_pipeline.verify.config import VerifyConfig, VerifyJob
-from dice_pipeline.verify.verdict import VERIFIER_VERSION, Status, Verdict
+from dice_pipeline.verify.verdict import READABLE_VERIFIER_VERSIONS, VERIFIER_VERSION, Status, Verdict
 
 # VerifyConfig fields that cannot change a completed verdict: where things live, how much runs at once, limits.
 _NOT_IN_KEY = frozenset({
@@ -31,13 +31,30 @@ _NOT_IN_KEY = frozenset({
 # VerifyConfig fields that enter the key only when set: at their default (empty) they ask for nothing extra, so a
 # verdict judged before the field existed is the verdict judged now.
 _IN_KEY_WHEN_SET = frozenset({"extra_baselines"})
-_NOT_STORED = frozenset({Status.NOT_EXECUTED, Status.TIMEOUT})
+_NOT_STORED = frozenset({Status.NOT_EXECUTED, Status.TIMEOUT, Status.INFRASTRUCTURE_ERROR})
+# VerifyConfig fields each version added: the key an older version computed had none of them. `low_memory` and the
+# run-limit fields are set per attempt or bound time only, so they are never in a key.
+_FIELDS_ADDED_IN = {
+    "0.3.0": frozenset({"max_run_timeout_s", "slow_candidate_factor", "timing_min_samples", "speedup_convention",
+                        "slow_draw_seconds", "gpu_draw_bytes", "low_memory", "consistency_tolerance_ratio",
+                        "baseline_kernel_policy", "accept_verdicts_from"}),
+}
+_NOT_IN_KEY = _NOT_IN_KEY | {"low_memory", "max_run_timeout_s", "slow_candidate_factor", "accept_verdicts_from"}
 
 
-def verdict_key(job: VerifyJob, config: VerifyConfig) -> str:
+def _fields_unknown_to(version: str) -> frozenset[str]:
+    """The config fields added after `version` (none for the current version)."""
+    later = [added for v, added in _FIELDS_ADDED_IN.items() if v > version]
+    return frozenset().union(*later) if later else frozenset()
+
+
+def verdict_key(job: VerifyJob, config: VerifyConfig, version: str = VERIFIER_VERSION) -> str:
+    """The store key for a job judged with `config` by verifier `version` (an older version's key leaves out the
+    fields that version did not have)."""
+    unknown = _fields_unknown_to(version)
     judged_by = {k: v for k, v in sorted(config.to_dict().items())
-                 if k not in _NOT_IN_KEY and (v or k not in _IN_KEY_WHEN_SET)}
-    material = json.dumps({"verifier_version": VERIFIER_VERSION, "reference": job.reference_src,
+                 if k not in _NOT_IN_KEY and k not in unknown and (v or k not in _IN_KEY_WHEN_SET)}
+    material = json.dumps({"verifier_version": version, "reference": job.reference_src,
                            "candidate": job.candidate_src, "config": judged_by}, sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()
 
@@ -49,21 +66,43 @@ class VerdictStore:
     def _path(self, key: str) -> Path:
         return self.root / key[:2] / f"{key}.json"
 
-    def get(self, job: VerifyJob, config: VerifyConfig, local_gpu: str | None) -> Verdict | None:
-        """The stored verdict for this job and config, or None. `local_gpu`: this host's GPU name (None: no GPU)."""
-        path = self._path(verdict_key(job, config))
+    def get(self, job: VerifyJob, config: VerifyConfig, local_gpu: str | None,
+            accept_versions: tuple[str, ...] = ()) -> Verdict | None:
+        """The stored verdict for this job and config, or None. `local_gpu`: this host's GPU name (None: no GPU).
+
+        Only this verifier version's verdicts are found, unless `accept_versions` names older ones (from
+        READABLE_VERIFIER_VERSIONS) to fall back on, newest first: such a verdict is never reused silently: its
+        provenance names the version that judged it (`judged_by_verifier`) and it carries the flag
+        `older_verifier_version` (it lacks the checks added since, and its speedup is verifier 0.2's host-inclusive
+        one)."""
+        unreadable = set(accept_versions) - set(READABLE_VERIFIER_VERSIONS)
+        if unreadable:
+            raise ValueError(f"verdicts of verifier {sorted(unreadable)} cannot be read; readable: "
+                             f"{READABLE_VERIFIER_VERSIONS}")
+        for version in (VERIFIER_VERSION, *sorted(accept_versions, reverse=True)):
+            verdict = self._read(self._path(verdict_key(job, config, version)))
+            if verdict is None:
+                continue
+            measured_on = (verdict.provenance or {}).get("gpu")
+            if local_gpu is not None and measured_on != local_gpu:
+                continue
+            verdict.provenance = {**(verdict.provenance or {}), "from_verdict_store": True}
+            if version != VERIFIER_VERSION:
+                verdict.provenance["judged_by_verifier"] = version
+                if verdict.speedup is not None and verdict.speedup_host is None:
+                    verdict.speedup_host, verdict.speedup_convention = verdict.speedup, "host"
+                verdict.flags = [*verdict.flags, "older_verifier_version"]
+            return verdict
+        return None
+
+    @staticmethod
+    def _read(path: Path) -> Verdict | None:
         try:
-            data = json.loads(path.read_text())
+            return Verdict.from_dict(json.loads(path.read_text()))
         except FileNotFoundError:
             return None
-        except (OSError, json.JSONDecodeError):
+        except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError):
             return None  # a damaged entry is a miss: the job is judged again and the entry rewritten
-        verdict = Verdict.from_dict(data)
-        measured_on = (verdict.provenance or {}).get("gpu")
-        if local_gpu is not None and measured_on != local_gpu:
-            return None
-        verdict.provenance = {**(verdict.provenance or {}), "from_verdict_store": True}
-        return verdict
 
     def put(self, job: VerifyJob, config: VerifyConfig, verdict: Verdict) -> bool:
         """Store an executed verdict; returns whether it was stored."""

@@ -13,7 +13,14 @@ from dataclasses import asdict, dataclass, field
 from enum import Enum
 from typing import Any
 
-VERIFIER_VERSION = "0.2.0"  # 0.2: paired-ratio timing in rounds, stale-output check, verdict store
+# 0.2: paired-ratio timing in rounds, stale-output check, verdict store.
+# 0.3: full-size tasks (chunked comparison, GPU input draws, harness faults as infrastructure_error, limits scaled
+# to the task), both timing conventions (speedup_gpu / speedup_host), run-to-run consistency, the baseline-kernel
+# reward policy.
+VERIFIER_VERSION = "0.3.0"
+# Versions whose stored verdicts can still be read on request (VerdictStore.get(accept_versions=...)): never reused
+# silently, and a verdict read that way says so in its provenance and flags.
+READABLE_VERIFIER_VERSIONS = ("0.2.0",)
 
 
 class Status(str, Enum):
@@ -26,6 +33,9 @@ class Status(str, Enum):
     DECEPTIVE = "deceptive"  # it games the check (PyTorch fallback, timer patching, caching, side streams...)
     CORRECT = "correct"  # built, matched the reference on every trial, passed every anti-gaming check
     NOT_EXECUTED = "not_executed"  # every check reachable here passed, but execution needs a GPU that is absent
+    # The verifier failed, not the candidate (its own memory use, a lost worker): no judgement was made. Never a
+    # reward of 0 or an evaluation failure; judge again.
+    INFRASTRUCTURE_ERROR = "infrastructure_error"
 
 
 # Statuses that end a candidate for good: no downstream stage may use it.
@@ -93,7 +103,15 @@ class Verdict:
     trials_run: int | None = None
     reference_timing: TimingStats | None = None
     candidate_timing: TimingStats | None = None
-    speedup: float | None = None  # reference median / candidate median, eager PyTorch baseline
+    speedup: float | None = None  # over eager PyTorch, in the convention `speedup_convention` names
+    # Both timing conventions, measured on the same interleaved calls (NOTES.md section 3):
+    # gpu = L2 flush and call enqueued back to back, CUDA events measure GPU time (KernelBench, triton do_bench,
+    #       ConCuR's speedup_over_eager); host = device synchronized after the flush, so each interval also holds
+    #       the host's launch latency of forward (verifier 0.2's only convention).
+    speedup_gpu: float | None = None
+    speedup_host: float | None = None
+    speedup_convention: str | None = None  # "gpu" | "host": which of the two `speedup` is
+    peak_gpu_memory_mb: float | None = None  # the worker's peak allocated GPU memory (inputs, outputs, both models)
     # Optional faster baselines (VerifyConfig.extra_baselines): name -> {median_ms, speedup} or {error}.
     baseline_speedups: dict[str, Any] | None = None
     # Advisory observations that are not failures by themselves: overhead_dominated, degenerate_task, ...

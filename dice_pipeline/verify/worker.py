@@ -101,12 +101,32 @@ def _warm_up_lazy_torch_state() -> None:
         (torch.ones(1, device="cuda") + 1).sum().item()
 
 
+def _send_run_limit(config: VerifyConfig, draw_s: float, call_s: float) -> float | None:
+    """Tell the parent how long this task's judgement may take (VerifyConfig.run_time_limit), through the pipe it
+    gave us, and close the pipe: it is written once, before any candidate code runs, so a candidate cannot extend
+    its own limit."""
+    fd = os.environ.pop("DICE_RUN_LIMIT_FD", None)
+    if fd is None:
+        return None
+    limit = config.run_time_limit(draw_s, call_s)
+    try:
+        os.write(int(fd), json.dumps({"limit_s": limit, "draw_s": draw_s, "reference_call_s": call_s}).encode())
+    finally:
+        os.close(int(fd))
+    return limit
+
+
 def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scratch: Path) -> dict[str, Any]:
+    """The GPU judgement. With request["control"], the reference is judged against itself (measure_references):
+    the candidate source is not imported and no profiler pass runs."""
     import torch
 
-    from dice_pipeline.verify.harness import CandidateJudge, RuntimeGuard
+    from dice_pipeline.verify.harness import CandidateJudge, Rejection, RuntimeGuard
 
     config = VerifyConfig.from_dict(request["config"])
+    if request.get("low_memory"):
+        config.low_memory = True
+    control = bool(request.get("control"))
     if not torch.cuda.is_available():
         return {"status": "runtime_error", "reason": {"code": "no_gpu_in_worker", "stage": "correctness",
                                                       "message": "the run stage found no CUDA device"}}
@@ -120,21 +140,35 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
     except BaseException as exc:  # noqa: BLE001
         return {"status": "runtime_error", "reason": {"code": "reference_import_failed", "stage": "correctness",
                                                       "message": "".join(traceback.format_exception(exc))[-3000:]}}
+    judge = CandidateJudge(reference, None, config, guard, list(request.get("static_kernel_names", [])),
+                           control=control)
+    limit = None
     try:
-        candidate = _import_source("candidate_module", request["candidate_src"], scratch)
-    except BaseException as exc:  # noqa: BLE001
-        return _compile_failure(interceptor, exc)
-    kernel_names = list(dict.fromkeys(
-        name for record in interceptor.records for name in cuda_kernel_names("\n".join(record.cuda_sources))))
-    judge = CandidateJudge(reference, candidate, config, guard, kernel_names + request.get("static_kernel_names", []))
-    from dice_pipeline.verify.harness import Rejection
-
-    try:
-        guard.check("while importing the candidate")
+        draw_s, call_s = judge.prepare_reference()  # trusted code only: no candidate module exists yet
+        limit = _send_run_limit(config, draw_s, call_s)
+        judge.judgement.fields.setdefault("provenance", {}).update(
+            run_limit_s=limit, input_draw_s=round(draw_s, 4), reference_call_s=round(call_s, 6))
     except Rejection as rejection:
         judge.judgement.status, judge.judgement.reasons = rejection.status, [rejection.reason]
-    else:
-        judge.run(with_timing=request.get("with_timing", True))
+        if getattr(rejection, "retry_low_memory", False):
+            judge.judgement.fields["retry_low_memory"] = True
+    if limit is None:
+        _send_run_limit(config, 0.0, 0.0)
+    if judge.prepared:
+        if not control:
+            try:
+                judge.candidate = _import_source("candidate_module", request["candidate_src"], scratch)
+            except BaseException as exc:  # noqa: BLE001
+                return _compile_failure(interceptor, exc)
+            names = [name for record in interceptor.records
+                     for name in cuda_kernel_names("\n".join(record.cuda_sources))]
+            judge.custom_kernel_names = list(dict.fromkeys(names + judge.custom_kernel_names))
+        try:
+            guard.check("while importing the candidate")
+        except Rejection as rejection:
+            judge.judgement.status, judge.judgement.reasons = rejection.status, [rejection.reason]
+        else:
+            judge.run(with_timing=request.get("with_timing", True))
     j = judge.judgement
     result = {"status": j.status.value, "reasons": [r.__dict__ for r in j.reasons], "flags": j.flags, **j.fields,
               **_build_summary(interceptor)}
@@ -144,12 +178,15 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
     props = torch.cuda.get_device_properties(0)
     result.setdefault("provenance", {}).update(
         gpu=props.name, compute_capability=f"{props.major}.{props.minor}", torch=torch.__version__,
-        cuda=torch.version.cuda,
+        cuda=torch.version.cuda, low_memory=config.low_memory,
         timing_method=(f"CUDA events on the current stream, L2 flushed ({config.l2_flush_mb} MB) before each call, "
-                       f"{config.warmup_seconds:g} s warm-up, {config.timing_samples}-{config.timing_max_samples} "
-                       f"reference/candidate pairs in alternating order on fresh inputs (until the median is known "
-                       f"to {config.timing_target_precision:.0%}), buffers re-allocated every "
-                       f"{config.timing_round_samples} pairs; speedup = median of the paired ratios"))
+                       f"{config.warmup_seconds:g} s warm-up, {config.timing_min_samples}-{config.timing_max_samples} "
+                       f"reference/candidate pairs in alternating order on fresh inputs, each pair timed in both "
+                       f"conventions (gpu: flush and call enqueued back to back; host: device synchronized before "
+                       f"the call), until the {config.speedup_convention} median is known to "
+                       f"{config.timing_target_precision:.0%} or {config.timing_budget_s:g} s of timing; buffers "
+                       f"re-allocated every {config.timing_round_samples} pairs; speedup = median of the "
+                       f"{config.speedup_convention}-convention paired ratios"))
     return result
 
 

@@ -107,7 +107,7 @@ def test_runtime_guard_catches_a_patched_harness_method_and_builtin():
 
     from dice_pipeline.verify import harness
 
-    for owner, name in ((harness.CandidateJudge, "_timed"), (builtins, "max")):
+    for owner, name in ((harness.CandidateJudge, "_timed_gpu"), (builtins, "max")):
         guard = harness.RuntimeGuard()
         original = getattr(owner, name)
         setattr(owner, name, lambda *a, **k: None)
@@ -177,14 +177,15 @@ def _judge_without_gpu(model, baselines, timed_ms: float) -> CandidateJudge:
     judge.config = VerifyConfig(extra_baselines=baselines, timing_samples=5, l2_flush_mb=1)
     judge.judgement = Judgement(fields={"candidate_timing": timing_stats([2.0] * 5)})
     judge._synchronize = lambda: None
+    judge._event = lambda enable_timing: None
     judge._inputs = lambda seed: [torch.randn(8, 8)]
     judge.outputs = []
 
-    def timed(fn, flush):
+    def timed(fn, flush, start, end):
         judge.outputs.append(fn())
-        return None, timed_ms, timed_ms
+        return None, timed_ms
 
-    judge._timed = timed
+    judge._timed_gpu = timed
     return judge
 
 
@@ -194,7 +195,8 @@ def test_extra_baselines_record_a_speedup_or_the_error_and_nothing_else():
     judge = _judge_without_gpu(torch.nn.ReLU(), ("compile", "cuda_graph"), timed_ms=1.0)
     judge.run_extra_baselines()
     results = judge.judgement.fields["baseline_speedups"]
-    assert results["compile"] == {"median_ms": 1.0, "n": 5, "speedup": 0.5}  # 1.0 ms baseline / 2.0 ms candidate
+    # 1.0 ms baseline / 2.0 ms candidate, timed in the verifier's convention (gpu by default)
+    assert results["compile"] == {"median_ms": 1.0, "n": 5, "convention": "gpu", "speedup": 0.5}
     assert set(results["cuda_graph"]) == {"error"} and results["cuda_graph"]["error"]
     # The compiled reference really ran and computed the reference's result.
     assert all(torch.equal(out, torch.relu(out)) for out in judge.outputs)
