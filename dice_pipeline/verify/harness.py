@@ -362,14 +362,15 @@ class CandidateJudge:
     profiler pass (it has no custom kernels)."""
 
     def __init__(self, reference: ModuleType, candidate: ModuleType | None, config: VerifyConfig, guard: RuntimeGuard,
-                 custom_kernel_names: list[str], *, control: bool = False):
+                 custom_kernel_names: list[str], *, control: bool = False, device: torch.device | None = None):
         self.reference = reference
         self.candidate = candidate
         self.config = config
         self.guard = guard
         self.custom_kernel_names = custom_kernel_names
         self.control = control
-        self.device = torch.device("cuda", torch.cuda.current_device())
+        # A CPU device runs the correctness path only (the harness's own tests); judgements run on CUDA.
+        self.device = device or torch.device("cuda", torch.cuda.current_device())
         self.judgement = Judgement()
         self.tolerances = (TOLERANCE_LOOSE, TOLERANCE_STRICT)
         self.policy_tolerance = TOLERANCE_LOOSE
@@ -377,7 +378,7 @@ class CandidateJudge:
         self.probe: Any = None
         self.prepared = False
         # Harness-owned references, taken before candidate code could patch the modules they live in.
-        self._synchronize = torch.cuda.synchronize
+        self._synchronize = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         self._event = torch.cuda.Event
         self._perf_counter = time.perf_counter
 
@@ -955,7 +956,8 @@ class CandidateJudge:
                 self.judgement.fields["retry_low_memory"] = True
         finally:
             try:
-                self.judgement.fields["peak_gpu_memory_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+                if self.device.type == "cuda":
+                    self.judgement.fields["peak_gpu_memory_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
             except Exception:  # noqa: BLE001 - a poisoned context cannot report; the verdict goes on without it
                 pass
         return self.judgement

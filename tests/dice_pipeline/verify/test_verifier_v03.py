@@ -1,0 +1,372 @@
+"""CPU tests of verifier 0.3: chunked comparison, the input-draw choice, out-of-memory attribution and the
+low-memory retry, run-to-run consistency, the baseline-kernel rule, the task-sized run limit, both timing
+conventions in the verdict, and reading 0.2 verdicts only on request. The GPU side runs in test_gpu_verifier.py."""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from dice_pipeline.verify import api
+from dice_pipeline.verify.config import VerifyConfig, VerifyJob
+from dice_pipeline.verify.harness import (
+    CandidateJudge,
+    RuntimeGuard,
+    _constant_outputs_pass,
+    baseline_kernel_finding,
+    compare_outputs,
+    consistency_tolerance,
+)
+from dice_pipeline.verify.sandbox import run_isolated
+from dice_pipeline.verify.static_checks import StaticReport
+from dice_pipeline.verify.store import VerdictStore, verdict_key
+from dice_pipeline.verify.verdict import Reason, Status, Verdict
+
+CPU = torch.device("cpu")
+
+
+# --- chunked comparison ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("chunk", [1, 7, 64, 10_000])
+def test_chunked_comparison_equals_the_whole_tensor_one(chunk):
+    torch.manual_seed(0)
+    ref = torch.randn(33, 17)
+    cand = ref + torch.randn(33, 17) * 3e-3
+    cand[3, 4] = float("nan")  # one unwritten element
+    ref[5, 6] = cand[5, 6] = float("nan")  # NaN in both is equal
+    ref[7, 1], cand[7, 1] = float("inf"), float("inf")
+    whole = compare_outputs((ref, ref[:, :5].t()), (cand, cand[:, :5].t()), (1e-2, 1e-4), chunk=10**9)
+    chunked = compare_outputs((ref, ref[:, :5].t()), (cand, cand[:, :5].t()), (1e-2, 1e-4), chunk=chunk)
+    assert chunked.passes == whole.passes
+    assert chunked.max_abs_diff == whole.max_abs_diff and chunked.unwritten_elements == whole.unwritten_elements == 2
+    assert chunked.mean_abs_diff == pytest.approx(whole.mean_abs_diff)
+
+
+def test_chunked_comparison_passes_exactly_where_allclose_does():
+    torch.manual_seed(1)
+    ref = torch.randn(1000)
+    for scale in (1e-5, 5e-3, 2e-2):
+        cand = ref + torch.randn(1000) * scale
+        expected = bool(torch.allclose(cand.double(), ref.double(), atol=1e-2, rtol=1e-2))
+        assert compare_outputs(ref, cand, (1e-2,), chunk=13).passes[1e-2] == expected
+
+
+def test_degenerate_detection_is_the_same_chunked():
+    outputs = [torch.full((50,), 1e-4), torch.full((50,), -2e-4)]
+    for chunk in (3, 10**6):
+        constants: list[float] = []
+        results = [_constant_outputs_pass(out, constants, 1e-2, chunk=chunk) for out in outputs]
+        assert all(zeros for zeros, _ in results)
+
+
+# --- a judge on the CPU: the correctness path with tiny models ---------------------------------------------------
+def _module(name: str, source: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    exec(compile(source, name, "exec"), module.__dict__)  # trusted test code
+    return module
+
+
+REFERENCE = """
+import time
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return x * 2.0
+SLOW = 0.0
+def get_inputs():
+    time.sleep(SLOW)
+    return [torch.rand(64, 32)]
+def get_init_inputs():
+    return []
+"""
+
+
+def _judge(candidate_src: str | None, **config) -> CandidateJudge:
+    """A judge of the correctness path on the CPU (the profiler pass needs CUDA kernels: GPU tests cover it)."""
+    reference = _module("reference_module", REFERENCE)
+    candidate = _module("candidate_module", candidate_src) if candidate_src else None
+    judge = CandidateJudge(reference, candidate, VerifyConfig(**config), RuntimeGuard(), ["k"], device=CPU)
+    judge.run_profiler_check = lambda: None
+    return judge
+
+
+def test_a_slow_host_draw_moves_input_draws_to_the_device_and_says_so():
+    judge = _judge(None, slow_draw_seconds=0.05)
+    judge.reference.SLOW = 0.1
+    judge.prepare_reference()
+    assert judge.draw_on_gpu
+    draw = judge.judgement.fields["provenance"]["input_draw"]
+    assert "under a CUDA device context" in draw and "host draw took" in draw
+
+
+def test_large_inputs_are_drawn_on_the_device_without_a_host_draw():
+    judge = _judge(None, gpu_draw_bytes=1024)  # the 64x32 fp32 input is 8 KB
+    host_draws = []
+    real_get_inputs = judge.reference.get_inputs
+
+    def get_inputs():
+        values = real_get_inputs()
+        if values[0].device.type == "cpu":
+            host_draws.append(1)
+        return values
+
+    judge.reference.get_inputs = get_inputs
+    judge.prepare_reference()
+    assert judge.draw_on_gpu and "inputs of 0 MB" in judge.judgement.fields["provenance"]["input_draw"]
+    assert judge.judgement.fields["provenance"]["input_bytes"] == 64 * 32 * 4
+    # On this CPU test the "device" is the CPU too, so count the draws instead: the dry run was on the meta
+    # device, and the size alone chose the device draw (no timed host draw came first).
+    assert host_draws and judge.draw_on_gpu
+
+
+def test_a_fast_small_draw_stays_on_the_host():
+    judge = _judge(None)
+    judge.prepare_reference()
+    assert not judge.draw_on_gpu and judge.judgement.fields["provenance"]["input_draw"] == "get_inputs() on the host"
+
+
+HONEST = """
+import torch
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return x + x
+"""
+
+CANDIDATE_OOM = """
+import torch
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+"""
+
+RACY = """
+import torch
+class ModelNew(torch.nn.Module):
+    calls = 0
+    def forward(self, x):
+        type(self).calls += 1
+        return x * 2.0 + (1e-3 if type(self).calls % 2 else 0.0)  # inside 1e-2, but two runs disagree
+"""
+
+ATOMIC_LIKE = """
+import torch
+class ModelNew(torch.nn.Module):
+    calls = 0
+    def forward(self, x):
+        type(self).calls += 1
+        return x * 2.0 * (1 + (1e-7 if type(self).calls % 2 else 0.0))  # summation-order noise
+"""
+
+
+def test_the_honest_cpu_candidate_is_correct():
+    judgement = _judge(HONEST).run(with_timing=False)
+    assert judgement.status == Status.CORRECT, judgement.reasons
+
+
+def test_a_candidates_own_out_of_memory_is_its_runtime_error_retried_once_with_less_state():
+    first = _judge(CANDIDATE_OOM).run(with_timing=False)
+    assert first.status == Status.RUNTIME_ERROR and first.reasons[-1].code == "candidate_out_of_memory"
+    assert first.fields["retry_low_memory"] is True
+    second = _judge(CANDIDATE_OOM, low_memory=True).run(with_timing=False)
+    assert second.status == Status.RUNTIME_ERROR and "retry_low_memory" not in second.fields
+
+
+def test_an_out_of_memory_in_the_harness_is_an_infrastructure_error(monkeypatch):
+    def compare_runs_out(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 24.00 GiB")
+
+    # Patched before the judge (and its runtime guard's snapshot) exists: the guard would call a later patch a cheat.
+    monkeypatch.setattr(sys.modules[CandidateJudge.__module__], "_constant_outputs_pass", compare_runs_out)
+    judgement = _judge(HONEST).run(with_timing=False)
+    assert judgement.status == Status.INFRASTRUCTURE_ERROR
+    assert judgement.reasons[-1].code == "harness_out_of_memory" and judgement.fields["retry_low_memory"]
+
+
+def test_two_runs_that_disagree_beyond_rounding_are_nondeterministic_output():
+    judgement = _judge(RACY).run(with_timing=False)
+    assert judgement.status == Status.INCORRECT and judgement.reasons[-1].code == "nondeterministic_output"
+
+
+def test_atomics_order_noise_passes_the_consistency_check():
+    judgement = _judge(ATOMIC_LIKE).run(with_timing=False)
+    assert judgement.status == Status.CORRECT, judgement.reasons
+
+
+def test_consistency_tolerance_is_far_tighter_than_correctness_but_not_below_precision():
+    assert consistency_tolerance("float32", 1e-2, 0.01) == pytest.approx(1e-4)
+    assert consistency_tolerance("float32", 1e-4, 0.01) == pytest.approx(1e-6)
+    assert consistency_tolerance("float32", 1e-6, 0.01) == pytest.approx(4 * 2.0**-23)
+    assert consistency_tolerance("bfloat16", 1e-2, 0.01) == pytest.approx(4 * 2.0**-7)
+
+
+# --- the baseline-kernel rule -------------------------------------------------------------------------------------
+def test_a_trivial_kernel_beside_a_pytorch_gemm_is_a_baseline_kernel():
+    # torch.matmul (4,000 us of cuBLAS) plus a copy kernel (25 us): 0.6% custom.
+    finding = baseline_kernel_finding(custom_us=25.0, total_us=4025.0, custom_ran=True, minor_share=0.1)
+    assert finding is not None and "0.6%" in finding
+
+
+def test_a_cublas_gemm_with_a_fused_custom_epilogue_is_not():
+    # GEMM 10 us + a fused bias/ReLU/divide epilogue 3 us: the custom kernel does 23% of the GPU time.
+    assert baseline_kernel_finding(custom_us=3.0, total_us=13.0, custom_ran=True, minor_share=0.1) is None
+    assert baseline_kernel_finding(custom_us=50.0, total_us=50.0, custom_ran=True, minor_share=0.1) is None
+    assert baseline_kernel_finding(custom_us=0.0, total_us=50.0, custom_ran=False, minor_share=0.1) is None
+
+
+def test_baseline_kernel_policy_is_validated():
+    assert VerifyConfig().baseline_kernel_policy == "reject"
+    VerifyConfig(baseline_kernel_policy="report")
+    with pytest.raises(ValueError, match="baseline_kernel_policy"):
+        VerifyConfig(baseline_kernel_policy="ignore")
+    with pytest.raises(ValueError, match="speedup_convention"):
+        VerifyConfig(speedup_convention="wall")
+
+
+# --- limits sized from the task -------------------------------------------------------------------------------------
+def test_run_limit_grows_with_the_task_and_is_capped():
+    config = VerifyConfig(run_timeout_s=60, max_run_timeout_s=1800)
+    small = config.run_time_limit(draw_s=0.001, reference_call_s=0.0001)
+    large = config.run_time_limit(draw_s=0.01, reference_call_s=0.05)
+    # A launch-bound task keeps about the base limit; a 50 ms reference call gets minutes more.
+    assert 60 < small < 120 and large > 3 * small and large <= 1800
+    assert config.run_time_limit(draw_s=1.0, reference_call_s=5.0) == 1800
+
+
+def _child(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+ASK_FOR_MORE = """
+import json, os, time
+fd = int(os.environ["DICE_RUN_LIMIT_FD"])
+os.write(fd, json.dumps({"limit_s": %s}).encode()); os.close(fd)
+time.sleep(%s)
+"""
+
+
+def test_a_worker_may_ask_once_for_the_limit_its_task_needs(tmp_path):
+    result = run_isolated(_child(ASK_FOR_MORE % (5.0, 2.0)), cwd=tmp_path, env={"PATH": "/usr/bin:/bin"},
+                          timeout_s=1.0, max_timeout_s=10.0, isolate_network=False)
+    assert not result.timed_out and result.returncode == 0 and result.limit_s == 5.0
+
+
+def test_the_asked_limit_is_capped_and_enforced(tmp_path):
+    result = run_isolated(_child(ASK_FOR_MORE % (1000.0, 30.0)), cwd=tmp_path, env={"PATH": "/usr/bin:/bin"},
+                          timeout_s=0.5, max_timeout_s=1.5, isolate_network=False)
+    assert result.timed_out and result.limit_s == 1.5 and result.wall_seconds < 10
+
+
+def test_without_a_request_the_initial_limit_stands(tmp_path):
+    result = run_isolated(_child("import time; time.sleep(30)"), cwd=tmp_path, env={"PATH": "/usr/bin:/bin"},
+                          timeout_s=1.0, max_timeout_s=60.0, isolate_network=False)
+    assert result.timed_out and result.limit_s == 1.0 and result.wall_seconds < 10
+
+
+# --- the batch: the low-memory retry, both conventions in the verdict -------------------------------------------------
+def _fake_run(monkeypatch, payloads: list[dict]) -> tuple[api._BatchRun, list[dict]]:
+    monkeypatch.setattr(api, "gpu_inventory", lambda: [api.GpuInfo(0, "Fake GPU", "1", "9.0")])
+    run = api._BatchRun(VerifyConfig(verdict_store_dir=None), None)
+    calls: list[dict] = []
+
+    def fake_worker(job, stage, static, device, gate=None, *, control=False, low_memory=False):
+        calls.append({"stage": stage, "low_memory": low_memory, "control": control})
+        outcome = types.SimpleNamespace(wall_seconds=1.0, network_isolated=True, peak_rss_mb=1.0, timed_out=False,
+                                        memory_exceeded=False, limit_s=300.0)
+        return outcome, dict(payloads[len(calls) - 1])
+
+    monkeypatch.setattr(run, "_run_worker", fake_worker)
+    return run, calls
+
+
+def test_an_out_of_memory_attempt_is_judged_again_with_less_state_and_the_second_verdict_stands(monkeypatch):
+    run, calls = _fake_run(monkeypatch, [
+        {"status": "infrastructure_error", "retry_low_memory": True, "peak_gpu_memory_mb": 130000.0,
+         "reasons": [{"code": "harness_out_of_memory", "message": "24 GiB", "stage": "infrastructure"}]},
+        {"status": "correct", "reasons": [], "flags": [], "speedup": 1.9, "speedup_gpu": 1.9, "speedup_host": 1.2,
+         "speedup_convention": "gpu", "provenance": {"gpu": "Fake GPU"}},
+    ])
+    verdict = run.judge(VerifyJob("j", "ref", "cand"), StaticReport(), {}, device=0)
+    assert [c["low_memory"] for c in calls] == [False, True]
+    assert verdict.status == Status.CORRECT and verdict.speedup_gpu == 1.9 and verdict.speedup_host == 1.2
+    assert verdict.provenance["first_attempt_out_of_memory"]["status"] == "infrastructure_error"
+
+
+def test_no_retry_when_the_first_attempt_was_judged(monkeypatch):
+    run, calls = _fake_run(monkeypatch, [{"status": "incorrect", "reasons": [], "flags": []}])
+    verdict = run.judge(VerifyJob("j", "ref", "cand"), StaticReport(), {}, device=0)
+    assert len(calls) == 1 and verdict.status == Status.INCORRECT
+
+
+def test_measure_references_without_a_gpu_says_nothing_was_run(monkeypatch):
+    monkeypatch.setattr(api, "gpu_inventory", lambda: [])
+    rows = api.measure_references([("L1/1", REFERENCE), ("L1/2", REFERENCE)], VerifyConfig(),
+                                  baselines=("eager", "compile"))
+    assert [r["task_id"] for r in rows] == ["L1/1", "L1/2"]
+    assert {r["status"] for r in rows} == {"not_executed"} and rows[0]["eager_ms_gpu"] is None
+    with pytest.raises(ValueError, match="baselines"):
+        api.measure_references([("t", REFERENCE)], VerifyConfig(), baselines=("tensorrt",))
+
+
+def test_measure_references_reads_both_conventions_from_the_control_verdict(monkeypatch):
+    run_payload = {"status": "correct", "reasons": [], "flags": [], "speedup": 1.0, "speedup_gpu": 1.01,
+                   "speedup_host": 0.99, "speedup_convention": "gpu", "peak_gpu_memory_mb": 8200.0,
+                   "reference_timing": {"median_ms": 2.0, "iqr_ms": 0.1, "mean_ms": 2.0, "n": 10, "cv": 0.01},
+                   "baseline_speedups": {"compile": {"median_ms": 1.5, "n": 10, "speedup": 1.3}},
+                   "provenance": {"gpu": "Fake GPU", "reference_median_ms_host": 2.2,
+                                  "input_draw": "get_inputs() on the host"}}
+    monkeypatch.setattr(api, "gpu_inventory", lambda: [api.GpuInfo(0, "Fake GPU", "1", "9.0")])
+    seen = []
+
+    def fake_worker(self, job, stage, static, device, gate=None, *, control=False, low_memory=False):
+        seen.append(control)
+        outcome = types.SimpleNamespace(wall_seconds=1.0, network_isolated=True, peak_rss_mb=1.0, timed_out=False,
+                                        memory_exceeded=False, limit_s=300.0)
+        return outcome, dict(run_payload)
+
+    monkeypatch.setattr(api._BatchRun, "_run_worker", fake_worker)
+    [row] = api.measure_references([("L1/5", REFERENCE)], VerifyConfig(), baselines=("eager", "compile"))
+    assert seen == [True] and row["status"] == "measured"
+    assert (row["eager_ms_gpu"], row["eager_ms_host"], row["compile_ms"]) == (2.0, 2.2, 1.5)
+    assert row["peak_gpu_mb"] == 8200.0 and row["control_speedup_gpu"] == 1.01
+
+
+def test_verdicts_round_trip_both_conventions():
+    verdict = Verdict(status=Status.CORRECT, speedup=2.5, speedup_gpu=2.5, speedup_host=1.4, speedup_convention="gpu",
+                      peak_gpu_memory_mb=12.0)
+    again = Verdict.from_json(verdict.to_json())
+    assert (again.speedup_gpu, again.speedup_host, again.speedup_convention) == (2.5, 1.4, "gpu")
+    old = Verdict.from_dict({"status": "correct", "speedup": 1.7, "reasons": []})  # a 0.2 verdict stays readable
+    assert old.speedup == 1.7 and old.speedup_gpu is None
+
+
+# --- 0.2 verdicts: readable on request, never silently ----------------------------------------------------------------
+def test_older_verdicts_are_used_only_when_asked_for_and_say_so(tmp_path):
+    store, job, config = VerdictStore(tmp_path), VerifyJob("j", "ref", "cand"), VerifyConfig()
+    old = Verdict(status=Status.CORRECT, speedup=3.0, provenance={"gpu": "NVIDIA H200", "verifier_version": "0.2.0"})
+    path = tmp_path / verdict_key(job, config, "0.2.0")[:2] / f"{verdict_key(job, config, '0.2.0')}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(old.to_json())
+    assert store.get(job, config, "NVIDIA H200") is None
+    found = store.get(job, config, "NVIDIA H200", accept_versions=("0.2.0",))
+    assert found is not None and "older_verifier_version" in found.flags
+    assert found.provenance["judged_by_verifier"] == "0.2.0" and found.speedup_host == 3.0
+    assert found.speedup_convention == "host"
+    with pytest.raises(ValueError, match="cannot be read"):
+        store.get(job, config, None, accept_versions=("0.1.0",))
+
+
+def test_new_config_fields_do_not_enter_an_older_versions_key():
+    job = VerifyJob("j", "ref", "cand")
+    assert verdict_key(job, VerifyConfig(), "0.2.0") == verdict_key(
+        job, VerifyConfig(speedup_convention="host", baseline_kernel_policy="report"), "0.2.0")
+    assert verdict_key(job, VerifyConfig()) != verdict_key(job, VerifyConfig(speedup_convention="host"))
+    assert verdict_key(job, VerifyConfig()) == verdict_key(job, VerifyConfig(low_memory=True))
+
+
+def test_infrastructure_errors_are_not_stored(tmp_path):
+    store = VerdictStore(tmp_path)
+    verdict = Verdict(status=Status.INFRASTRUCTURE_ERROR, reasons=[Reason("harness_out_of_memory", "x")],
+                      provenance={"gpu": "NVIDIA H200"})
+    assert not store.put(VerifyJob("j", "r", "c"), VerifyConfig(), verdict)
