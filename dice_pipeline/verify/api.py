@@ -246,7 +246,7 @@ class PrestartedJudge:
     """A run-stage worker started ahead of its turn, held at its gate until `go_and_wait`."""
 
     def __init__(self, run: _BatchRun, index: int, job: VerifyJob, static: StaticReport, facts: dict[str, Any],
-                 device: int):
+                 device: int, *, control: bool = False):
         self.index = index
         self._gate = threading.Event()
         self._verdict: Verdict | None = None
@@ -254,7 +254,7 @@ class PrestartedJudge:
 
         def work() -> None:
             try:
-                self._verdict = run.judge(job, static, facts, device, gate=self._gate)
+                self._verdict = run.judge(job, static, facts, device, gate=self._gate, control=control)
             except BaseException as exc:  # noqa: BLE001 - re-raised in the GPU loop's thread
                 self._error = exc
 
@@ -401,7 +401,8 @@ def _reference_row(task_id: str, verdict: Verdict | None, payload_status: str | 
 
 def measure_references(tasks: list[tuple[str, str]], config: VerifyConfig | None = None,
                        baselines: tuple[str, ...] = ("eager",), *,
-                       on_result: Callable[[dict[str, Any]], None] | None = None) -> list[dict[str, Any]]:
+                       on_result: Callable[[dict[str, Any]], None] | None = None,
+                       lanes_per_gpu: int = 1) -> list[dict[str, Any]]:
     """Time each KernelBench-format reference (`(task_id, reference_src)`) alone on the local GPU, in an isolated
     worker, through the verifier's correctness and timing path: the reference is judged against itself (a trusted
     control whose speedup should come out at 1.0), so every verdict-making stage runs at the task's real size.
@@ -410,7 +411,9 @@ def measure_references(tasks: list[tuple[str, str]], config: VerifyConfig | None
     "timeout" or "infrastructure_error"; `eager_ms_gpu` / `eager_ms_host` are the reference's medians in both
     timing conventions, `compile_ms` the torch.compile'd reference's median (in the config's convention) when
     "compile" is among `baselines`, `peak_gpu_mb` the worker's peak allocated GPU memory, `input_draw` how inputs
-    were drawn, and `provenance` the GPU, torch and timing method."""
+    were drawn, and `provenance` the GPU, torch and timing method. Each worker is started while the previous one
+    runs. `lanes_per_gpu` > 1 runs that many tasks on a GPU at once (for robustness sweeps: their timings then
+    disturb each other, so baselines keep the default of 1; give each a share of gpu_memory_fraction)."""
     unknown = set(baselines) - {"eager", "compile", "cuda_graph"}
     if unknown:
         raise ValueError(f"baselines must be among eager, compile, cuda_graph; got {sorted(unknown)}")
@@ -437,20 +440,29 @@ def measure_references(tasks: list[tuple[str, str]], config: VerifyConfig | None
         pending.put(index)
     empty = StaticReport(status=None)
 
+    def start(index: int, device: int) -> PrestartedJudge:
+        return PrestartedJudge(run, index, VerifyJob(tasks[index][0], tasks[index][1], ""), empty, {}, device,
+                               control=True)
+
     def gpu_loop(device: int) -> None:
-        while True:
+        def take() -> int | None:
             try:
-                index = pending.get_nowait()
+                return pending.get_nowait()
             except queue.Empty:
-                return
-            task_id, reference_src = tasks[index]
-            job = VerifyJob(task_id, reference_src, "")
-            verdict = run.judge(job, empty, {}, device, control=True)
+                return None
+
+        index = take()
+        waiting = start(index, device) if index is not None else None
+        while waiting is not None:
+            current, following = waiting, take()
+            waiting = start(following, device) if following is not None else None  # starts while current runs
+            verdict = current.go_and_wait()
             status = {Status.CORRECT: "measured"}.get(verdict.status, verdict.status.value)
             message = "; ".join(f"{r.code}: {r.message}" for r in verdict.reasons)[:2000]
-            finish(index, _reference_row(task_id, verdict, status, message))
+            finish(current.index, _reference_row(tasks[current.index][0], verdict, status, message))
 
-    threads = [threading.Thread(target=gpu_loop, args=(gpu.index,), daemon=True) for gpu in run.gpus]
+    threads = [threading.Thread(target=gpu_loop, args=(gpu.index,), daemon=True)
+               for gpu in run.gpus for _ in range(max(1, lanes_per_gpu))]
     for thread in threads:
         thread.start()
     for thread in threads:

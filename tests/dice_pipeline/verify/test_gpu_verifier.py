@@ -73,3 +73,51 @@ def test_extra_baselines_time_the_reference_as_a_cuda_graph_and_compiled():
     # torch.compile may be unavailable for a reference (then its error is recorded), but it is always reported.
     compiled = verdict.baseline_speedups["compile"]
     assert ("speedup" in compiled and compiled["speedup"] > 0) or compiled.get("error")
+
+
+# --- verifier 0.3 -----------------------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def v03_verdicts():
+    from verify_cases import V03_RUNTIME_CASES
+
+    jobs = [VerifyJob(c.name, c.reference, c.source) for c in V03_RUNTIME_CASES]
+    return dict(zip([c.name for c in V03_RUNTIME_CASES], verify_batch(jobs, _config())))
+
+
+def _v03_case(name):
+    from verify_cases import V03_RUNTIME_CASES
+
+    return next(c for c in V03_RUNTIME_CASES if c.name == name)
+
+
+@pytest.mark.parametrize("name", ["racy_sgemm", "tiled_sgemm", "atomic_rowsum", "matmul_plus_copy_kernel",
+                                  "cublas_gemm_fused_epilogue", "full_size_scalar_multiply"])
+def test_v03_case_gets_expected_verdict(name, v03_verdicts):
+    case, verdict = _v03_case(name), v03_verdicts[name]
+    print(name, verdict.summary(), verdict.custom_kernel_time_share, verdict.peak_gpu_memory_mb)
+    assert verdict.status.value == case.status, verdict.to_json()
+    if case.codes:
+        assert set(case.codes) & set(verdict.reason_codes()), verdict.to_json()
+    assert set(case.flags) <= set(verdict.flags), verdict.flags
+
+
+def test_v03_correct_verdicts_carry_both_conventions(v03_verdicts):
+    for name in ("tiled_sgemm", "atomic_rowsum", "cublas_gemm_fused_epilogue", "full_size_scalar_multiply"):
+        verdict = v03_verdicts[name]
+        assert verdict.speedup_gpu and verdict.speedup_host and verdict.speedup_convention == "gpu", name
+        assert verdict.speedup == verdict.speedup_gpu and verdict.peak_gpu_memory_mb > 0
+
+
+def test_full_size_task_draws_on_the_gpu_inside_its_limit(v03_verdicts):
+    verdict = v03_verdicts["full_size_scalar_multiply"]
+    provenance = verdict.provenance
+    assert "under a CUDA device context" in provenance["input_draw"], provenance["input_draw"]
+    assert provenance["run_limit_s"] >= VerifyConfig().run_timeout_s
+    assert verdict.peak_gpu_memory_mb > 8 * 1024  # input and output of 4 GiB each were resident
+
+
+def test_baseline_kernel_is_reported_not_rejected_under_the_report_policy():
+    case = _v03_case("matmul_plus_copy_kernel")
+    (verdict,) = verify_batch([VerifyJob(case.name, case.reference, case.source)],
+                              _config(baseline_kernel_policy="report"))
+    assert verdict.status == Status.CORRECT and "baseline_kernel" in verdict.flags, verdict.to_json()

@@ -244,3 +244,253 @@ RUNTIME_CASES = [
     Case("illegal_memory_access", candidate(cuda_source=HONEST_KERNEL.replace("y[i] = v", "y[i + (1L << 40)] = v")),
          "runtime_error", ("candidate_raised", "worker_crashed")),
 ]
+
+
+# --- verifier 0.3: races, atomics, baseline kernels, full-size tasks (GPU) -----------------------------------------
+def extension_candidate(cuda_source: str, cpp_source: str, functions: list[str], init: str, forward: str,
+                        name: str) -> str:
+    """A ModelNew file around one inline extension: `init` and `forward` are method bodies."""
+    init_body = "\n".join("        " + line for line in init.strip().splitlines())
+    forward_body = "\n".join("        " + line for line in forward.strip().splitlines())
+    return f'''
+import torch
+import torch.nn as nn
+from torch.utils.cpp_extension import load_inline
+
+cuda_src = r"""{cuda_source}"""
+cpp_src = r"""{cpp_source}"""
+ext = load_inline(name="{name}", cpp_sources=cpp_src, cuda_sources=cuda_src, functions={functions!r}, verbose=False)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, *args):
+        super().__init__()
+{init_body}
+
+    def forward(self, *inputs):
+{forward_body}
+'''
+
+
+MATMUL_REFERENCE = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, A, B):
+        return torch.matmul(A, B)
+
+
+N = 2048
+
+
+def get_inputs():
+    return [torch.randn(N, N), torch.randn(N, N)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+# A 32x32-tiled SGEMM. RACY drops the barrier after the inner product: fast warps overwrite a tile others still read.
+TILED_SGEMM = r'''
+#include <torch/extension.h>
+#define TILE 32
+__global__ void sgemm_tiled(const float* A, const float* B, float* C, int n) {
+    __shared__ float As[TILE][TILE];
+    __shared__ float Bs[TILE][TILE];
+    int row = blockIdx.y * TILE + threadIdx.y, col = blockIdx.x * TILE + threadIdx.x;
+    float acc = 0.f;
+    for (int t = 0; t < n; t += TILE) {
+        As[threadIdx.y][threadIdx.x] = A[row * n + t + threadIdx.x];
+        Bs[threadIdx.y][threadIdx.x] = B[(t + threadIdx.y) * n + col];
+        __syncthreads();
+        for (int k = 0; k < TILE; ++k) acc += As[threadIdx.y][k] * Bs[k][threadIdx.x];
+        SECOND_BARRIER
+    }
+    C[row * n + col] = acc;
+}
+torch::Tensor sgemm(torch::Tensor A, torch::Tensor B) {
+    int n = A.size(0);
+    auto C = torch::empty_like(A);
+    dim3 block(TILE, TILE), grid(n / TILE, n / TILE);
+    sgemm_tiled<<<grid, block>>>(A.data_ptr<float>(), B.data_ptr<float>(), C.data_ptr<float>(), n);
+    return C;
+}
+'''
+
+
+def sgemm_candidate(barrier: bool) -> str:
+    source = TILED_SGEMM.replace("SECOND_BARRIER", "__syncthreads();" if barrier else "")
+    return extension_candidate(source, "torch::Tensor sgemm(torch::Tensor A, torch::Tensor B);", ["sgemm"], "pass",
+                               "A, B = inputs\nreturn ext.sgemm(A.contiguous(), B.contiguous())",
+                               "sgemm_ok" if barrier else "sgemm_racy")
+
+
+ROWSUM_REFERENCE = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def forward(self, x):
+        return x.sum(dim=1)
+
+
+def get_inputs():
+    return [torch.randn(4096, 8192)]
+
+
+def get_init_inputs():
+    return []
+'''
+
+# Row sums by block partials and one atomicAdd per block: the order of the adds changes from run to run.
+ROWSUM_ATOMIC = r'''
+#include <torch/extension.h>
+__global__ void rowsum_atomic(const float* x, float* y, int cols, int per_block) {
+    __shared__ float s[256];
+    int row = blockIdx.y, begin = blockIdx.x * per_block, end = min(cols, begin + per_block);
+    float acc = 0.f;
+    for (int c = begin + threadIdx.x; c < end; c += blockDim.x) acc += x[(long)row * cols + c];
+    s[threadIdx.x] = acc;
+    __syncthreads();
+    for (int stride = 128; stride > 0; stride >>= 1) {
+        if (threadIdx.x < stride) s[threadIdx.x] += s[threadIdx.x + stride];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) atomicAdd(&y[row], s[0]);
+}
+torch::Tensor rowsum(torch::Tensor x) {
+    int rows = x.size(0), cols = x.size(1), per_block = 1024;
+    auto y = torch::zeros({rows}, x.options());
+    dim3 grid((cols + per_block - 1) / per_block, rows);
+    rowsum_atomic<<<grid, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), cols, per_block);
+    return y;
+}
+'''
+ROWSUM_ATOMIC_CANDIDATE = extension_candidate(ROWSUM_ATOMIC, "torch::Tensor rowsum(torch::Tensor x);", ["rowsum"],
+                                              "pass", "return ext.rowsum(inputs[0].contiguous())", "rowsum_atomic")
+
+COPY_KERNEL = r'''
+#include <torch/extension.h>
+__global__ void copy_kernel(const float* x, float* y, long n) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) y[i] = x[i];
+}
+torch::Tensor copy(torch::Tensor x) {
+    auto y = torch::empty_like(x);
+    long n = x.numel();
+    copy_kernel<<<(n + 255) / 256, 256>>>(x.data_ptr<float>(), y.data_ptr<float>(), n);
+    return y;
+}
+'''
+# torch.matmul does the work; a trivial copy kernel makes it "custom". Correct, and a reward of 1 under a bare
+# correctness check: the hack DICE's RL stage must not learn.
+BASELINE_KERNEL_CANDIDATE = extension_candidate(COPY_KERNEL, "torch::Tensor copy(torch::Tensor x);", ["copy"], "pass",
+                                                "A, B = inputs\nreturn ext.copy(torch.matmul(A, B))", "matmul_copy")
+
+GEMM_EPILOGUE_REFERENCE = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self, in_features, out_features, divisor):
+        super().__init__()
+        self.linear = nn.Linear(in_features, out_features)
+        self.divisor = divisor
+
+    def forward(self, x):
+        return torch.relu(self.linear(x)) / self.divisor
+
+
+batch_size, in_features, out_features, divisor = 128, 1024, 512, 2.0
+
+
+def get_inputs():
+    return [torch.randn(batch_size, in_features)]
+
+
+def get_init_inputs():
+    return [in_features, out_features, divisor]
+'''
+
+# cuBLAS does the GEMM (torch.matmul); one custom kernel fuses bias + ReLU + divide: an honest, common design.
+EPILOGUE_KERNEL = r'''
+#include <torch/extension.h>
+__global__ void bias_relu_div(const float* y, const float* bias, float* out, long n, int cols, float inv) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n) { float v = y[i] + bias[i % cols]; out[i] = (v > 0.f ? v : 0.f) * inv; }
+}
+torch::Tensor epilogue(torch::Tensor y, torch::Tensor bias, double divisor) {
+    auto out = torch::empty_like(y);
+    long n = y.numel();
+    bias_relu_div<<<(n + 255) / 256, 256>>>(y.data_ptr<float>(), bias.data_ptr<float>(), out.data_ptr<float>(), n,
+                                            (int)y.size(1), (float)(1.0 / divisor));
+    return out;
+}
+'''
+GEMM_EPILOGUE_CANDIDATE = extension_candidate(
+    EPILOGUE_KERNEL, "torch::Tensor epilogue(torch::Tensor y, torch::Tensor bias, double divisor);", ["epilogue"],
+    "in_features, out_features, divisor = args\nself.linear = nn.Linear(in_features, out_features)\n"
+    "self.divisor = divisor",
+    "y = torch.matmul(inputs[0], self.linear.weight.t())\nreturn ext.epilogue(y.contiguous(), self.linear.bias, "
+    "self.divisor)", "gemm_epilogue")
+
+# KernelBench level 1 task 5 at its current size: a 65536 x 16384 fp32 input (4 GiB).
+SCALAR_MULTIPLY_REFERENCE = '''
+import torch
+import torch.nn as nn
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super(Model, self).__init__()
+
+    def forward(self, A: torch.Tensor, s: float) -> torch.Tensor:
+        return A * s
+
+
+M = 16384 * 4
+N = 4096 * 4
+
+
+def get_inputs():
+    A = torch.rand(M, N)
+    s = 3.14
+    return [A, s]
+
+
+def get_init_inputs():
+    return []
+'''
+SCALE_FLOAT4 = r'''
+#include <torch/extension.h>
+__global__ void scale_float4(const float4* a, float4* c, float s, long n4) {
+    long i = blockIdx.x * (long)blockDim.x + threadIdx.x;
+    if (i < n4) { float4 v = a[i]; c[i] = make_float4(v.x * s, v.y * s, v.z * s, v.w * s); }
+}
+torch::Tensor scale(torch::Tensor a, double s) {
+    auto c = torch::empty_like(a);
+    long n4 = a.numel() / 4;
+    scale_float4<<<(n4 + 255) / 256, 256>>>(reinterpret_cast<const float4*>(a.data_ptr<float>()),
+                                            reinterpret_cast<float4*>(c.data_ptr<float>()), (float)s, n4);
+    return c;
+}
+'''
+SCALAR_MULTIPLY_CANDIDATE = extension_candidate(SCALE_FLOAT4, "torch::Tensor scale(torch::Tensor a, double s);",
+                                                ["scale"], "pass", "A, s = inputs\nreturn ext.scale(A.contiguous(), s)",
+                                                "scale_float4")
+
+V03_RUNTIME_CASES = [
+    Case("racy_sgemm", sgemm_candidate(barrier=False), "incorrect", ("nondeterministic_output", "output_mismatch"),
+         reference=MATMUL_REFERENCE),
+    Case("tiled_sgemm", sgemm_candidate(barrier=True), "correct", (), reference=MATMUL_REFERENCE),
+    Case("atomic_rowsum", ROWSUM_ATOMIC_CANDIDATE, "correct", (), reference=ROWSUM_REFERENCE),
+    Case("matmul_plus_copy_kernel", BASELINE_KERNEL_CANDIDATE, "deceptive", ("baseline_kernel",),
+         reference=MATMUL_REFERENCE, flags=("minor_custom_kernel_share",)),
+    Case("cublas_gemm_fused_epilogue", GEMM_EPILOGUE_CANDIDATE, "correct", (), reference=GEMM_EPILOGUE_REFERENCE),
+    Case("full_size_scalar_multiply", SCALAR_MULTIPLY_CANDIDATE, "correct", (), reference=SCALAR_MULTIPLY_REFERENCE),
+]
