@@ -102,11 +102,14 @@ class VerifyConfig:
     # False = allowed and flagged `torch_ops_on_forward_path`; True = judged deceptive. A forward path made of
     # PyTorch ops alone is always deceptive.
     forbid_torch_compute_on_forward: bool = False
-    # A candidate whose own kernels take less than minor_custom_share of its GPU time while PyTorch/library compute
-    # kernels do the rest (`torch.matmul` plus a trivial copy kernel) is a baseline kernel: "reject" (deceptive,
-    # `baseline_kernel`; the RL reward and CuKe) or "report" (flag `baseline_kernel`; KernelBench-compatible
-    # evaluation, which allows it, counts it).
+    # A baseline kernel: the candidate's own kernels take less than baseline_kernel_share of its GPU time, and the
+    # PyTorch/library kernels it runs besides them include every kind of kernel the reference runs (the reference's
+    # work redone by PyTorch: `torch.matmul` plus a trivial copy kernel). A cuBLAS GEMM with a fused custom
+    # epilogue is not one (the reference's bias/activation kernels are missing from its PyTorch work), whatever
+    # its share. "reject": deceptive, `baseline_kernel` (the RL reward and CuKe); "report": the flag
+    # `baseline_kernel` only (KernelBench-compatible evaluation, which allows it, counts it).
     baseline_kernel_policy: str = "reject"
+    baseline_kernel_share: float = 0.5
     isolate_network: bool = True
     # Architecture for compile-only builds where no GPU is present to ask (9.0 = H100/H200, our GPU hosts).
     compile_arch: str = "9.0"

@@ -37,7 +37,7 @@ _NOT_STORED = frozenset({Status.NOT_EXECUTED, Status.TIMEOUT, Status.INFRASTRUCT
 _FIELDS_ADDED_IN = {
     "0.3.0": frozenset({"max_run_timeout_s", "slow_candidate_factor", "timing_min_samples", "speedup_convention",
                         "slow_draw_seconds", "gpu_draw_bytes", "low_memory", "consistency_tolerance_ratio",
-                        "baseline_kernel_policy", "accept_verdicts_from"}),
+                        "baseline_kernel_policy", "baseline_kernel_share", "accept_verdicts_from"}),
 }
 _NOT_IN_KEY = _NOT_IN_KEY | {"low_memory", "max_run_timeout_s", "slow_candidate_factor", "accept_verdicts_from"}
 
