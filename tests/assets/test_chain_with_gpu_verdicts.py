@@ -2,9 +2,10 @@
 verdicts our H200 runs stored (benchmarks/results/h200_verdict_store, see benchmarks/RESULTS.md). Every pair and
 structure candidate must get its H200 verdict, and CuKe must be built from measured results only.
 
-If this fails after a change to the verifier (a new VERIFIER_VERSION or judging setting changes every key), the
-committed store is stale: re-run `benchmarks/verify_throughput.py` and `dice synthesize` on a GPU host into a store
-and replace benchmarks/results/h200_verdict_store with it."""
+The committed store holds verifier 0.2's verdicts: they are used only because the run asks for them
+(`--accept-verdicts-from 0.2.0`), and each says so (flag `older_verifier_version`, `judged_by_verifier`). To refresh
+it, re-run `benchmarks/verify_throughput.py` and `dice synthesize` on a GPU host into a store and replace
+benchmarks/results/h200_verdict_store with it."""
 
 import json
 from pathlib import Path
@@ -20,7 +21,7 @@ STORE = ROOT / "benchmarks" / "results" / "h200_verdict_store"
 @pytest.mark.slow
 def test_main_job_reuses_the_h200_verdicts(tmp_path, run_dice):
     # CUDA_VISIBLE_DEVICES="": judged from the store even where a GPU is present.
-    result = run_dice("run", "--verdict-store", str(STORE), CUDA_VISIBLE_DEVICES="")
+    result = run_dice("run", "--verdict-store", str(STORE), "--accept-verdicts-from", "0.2.0", CUDA_VISIBLE_DEVICES="")
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     wh = Warehouse(tmp_path / "w.duckdb")
 
@@ -31,6 +32,9 @@ def test_main_job_reuses_the_h200_verdicts(tmp_path, run_dice):
     stale = [v["status"] for v in judged if not v["provenance"].get("from_verdict_store")]
     assert not stale, f"stale verdict store? verdicts judged here: {stale}"
     assert len(judged) >= 35 and {v["provenance"]["gpu"] for v in judged} == {"NVIDIA H200"}
+    # Older verdicts are never reused silently: each names the verifier version that judged it.
+    assert all(v["provenance"].get("judged_by_verifier") == "0.2.0" for v in judged)
+    assert all("older_verifier_version" in v["flags"] for v in judged)
     executed = pairs.filter(pairs["executed"])
     assert executed.height >= 30 and set(executed["gpu_name"]) == {"NVIDIA H200"}
 
