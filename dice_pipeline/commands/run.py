@@ -64,15 +64,17 @@ class RunSummary:
     not_run: list[str] = field(default_factory=list)
     runs: list[tuple[str, str, bool]] = field(default_factory=list)  # (threshold, run id, success)
 
-    def add(self, threshold: str, result, instance) -> None:
+    def add(self, threshold: str, result, instance, partitioned_assets=()) -> None:
+        """Add one run's events; `partitioned_assets` (asset keys) are named with the run's threshold."""
         self.runs.append((threshold, result.run_id, result.success))
         for event in result.get_asset_materialization_events():
             self._add_materialization(event.asset_key.to_user_string(), event.partition,
                                       event.materialization.metadata)
         for evaluation in result.get_asset_check_evaluations():
             if not evaluation.passed:
-                where = evaluation.asset_key.to_user_string() + (
-                    f"[{evaluation.partition}]" if getattr(evaluation, "partition", None) else "")
+                partition = getattr(evaluation, "partition", None) or (
+                    threshold if evaluation.asset_key in partitioned_assets else None)
+                where = evaluation.asset_key.to_user_string() + (f"[{partition}]" if partition else "")
                 kind = "blocking" if evaluation.blocking else evaluation.severity.value.lower()
                 self.failed_checks.append(f"{where} {evaluation.check_name} ({kind})"
                                           + (f": {evaluation.description}" if evaluation.description else ""))
@@ -222,7 +224,7 @@ def run_main_job(args: argparse.Namespace) -> int:
             asset_selection=None if index == 0 else definitions.THRESHOLD_DEPENDENT_ASSETS,
             raise_on_error=False,
         )
-        summary.add(threshold, result, instance)
+        summary.add(threshold, result, instance, definitions.THRESHOLD_DEPENDENT_ASSETS)
         if index == 0 and not result.success and len(thresholds) > 1:
             # The other thresholds would filter what is in the warehouse, not what this run was asked to ingest.
             summary.not_run.append(f"thresholds {', '.join(thresholds[1:])}")
