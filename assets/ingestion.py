@@ -8,6 +8,7 @@ unless the run config allows it. Every write records the source and its content 
 import hashlib
 
 import dagster as dg
+import duckdb
 
 from assets import keys
 from assets.keys import table_out
@@ -44,7 +45,12 @@ def previous_source(wh: Warehouse) -> str | None:
     if recorded is not None:
         return recorded.source_name
     # A warehouse written before sources were recorded: the rows still name theirs.
-    names = sorted(set(wh.read(table_for("concur_pairs"))["source_name"].drop_nulls().to_list()))
+    spec = table_for("concur_pairs")
+    try:
+        names = wh.query(f"SELECT DISTINCT source_name FROM {spec.qualified_name} WHERE source_name IS NOT NULL "
+                         "ORDER BY 1")["source_name"].to_list()
+    except duckdb.CatalogException:  # nothing ingested yet
+        return None
     return ", ".join(names) or None
 
 

@@ -72,7 +72,9 @@ def structure_instances(
     )
     kept = frame.filter(pl.col("kept"))
     # Not built from ConCuR: its source is the catalogue and the generator, its content the candidates judged.
-    content = "\n".join(f"{t}:{c}:{v}" for t, c, v in frame.select("task_id", "candidate_code", "verdict_id").iter_rows())
+    content = "\n".join(
+        f"{t}:{c}:{v}" for t, c, v in frame.select("task_id", "candidate_code", "verdict_id").iter_rows()
+    )
     yield dg.Output(
         frame,
         metadata={

@@ -26,7 +26,10 @@ from dice_pipeline.verified import verdicts_frame
     pool="gpu",
     check_specs=[
         dg.AssetCheckSpec(
-            "one_verdict_per_pair", asset=keys.VERIFIED_PAIRS, blocking=True, description="rows conserved: pairs in == verdicts out"
+            "one_verdict_per_pair",
+            asset=keys.VERIFIED_PAIRS,
+            blocking=True,
+            description="rows conserved: one verdict per ingested pair",
         ),
         dg.AssetCheckSpec("schema_matches", asset=keys.VERIFIED_PAIRS),
     ],

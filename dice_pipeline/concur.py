@@ -387,8 +387,8 @@ def overwrite_refusal(
     and so is new content from the same source.
     """
     if accepted == 0 and not allow_empty:
-        return (f"source {new_source} has no accepted rows ({rows_read} rows read, none accepted): refusing to replace the "
-                f"ingested pairs with nothing (allow_empty / --allow-empty to write it anyway)")
+        return (f"source {new_source} has no accepted rows ({rows_read} rows read, none accepted): refusing to "
+                f"replace the ingested pairs with nothing (allow_empty / --allow-empty to write it anyway)")
     if previous_source is not None and previous_source != new_source and not allow_source_change:
         return (f"the warehouse holds pairs ingested from {previous_source}, not {new_source}: refusing to mix "
                 f"sources (allow_source_change / --allow-source-change to replace them)")

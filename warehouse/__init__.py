@@ -18,4 +18,13 @@ def install_lineage_views(wh: Warehouse) -> None:
     wh.install_views(LINEAGE_VIEWS_SQL, list(TABLES.values()))
 
 
-__all__ = ["BUILDS_TABLE", "LINEAGE_VIEWS_SQL", "Provenance", "TABLES", "Warehouse", "install_lineage_views", "open_warehouse", "table_for"]
+__all__ = [
+    "BUILDS_TABLE",
+    "LINEAGE_VIEWS_SQL",
+    "TABLES",
+    "Provenance",
+    "Warehouse",
+    "install_lineage_views",
+    "open_warehouse",
+    "table_for",
+]

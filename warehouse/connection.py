@@ -169,8 +169,8 @@ class Warehouse:
                     self._ensure_builds_table(con)
                     con.execute(
                         f"INSERT OR REPLACE INTO {BUILDS_TABLE} VALUES (?, ?, ?, ?, ?, ?, now())",
-                        [spec.table_name, partition_key if spec.partition_column else "", provenance.source_name, provenance.source_sha256,
-                         provenance.derived_from, provenance.run_id],
+                        [spec.table_name, partition_key if spec.partition_column else "", provenance.source_name,
+                         provenance.source_sha256, provenance.derived_from, provenance.run_id],
                     )
                 con.execute("COMMIT")
             except BaseException:

@@ -16,8 +16,8 @@ from warehouse import Warehouse
 KERNELBENCH_TASK = {
     "level": 1, "problem_id": 1, "name": "1_Square_matrix_multiplication_",
     "code": "import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, A, B):\n"
-            "        return torch.matmul(A, B)\n\ndef get_inputs():\n    return [torch.randn(64, 64), torch.randn(64, 64)]"
-            "\n\ndef get_init_inputs():\n    return []\n",
+            "        return torch.matmul(A, B)\n\ndef get_inputs():\n"
+            "    return [torch.randn(64, 64), torch.randn(64, 64)]\n\ndef get_init_inputs():\n    return []\n",
 }
 GARBAGE = '{"uuid": "a", "pytorch_code": \n{"uuid": "b", "generated_code": "x"}\n'
 

@@ -75,7 +75,7 @@ def test_concurrent_writers_in_separate_processes_are_serialized(tmp_path):
 def test_lineage_views_install_on_an_empty_warehouse(tmp_path):
     wh = Warehouse(tmp_path / "w.duckdb")
     install_lineage_views(wh)
-    for view in ("pair_verification", "filter_lineage", "threshold_summary", "rejections"):
+    for view in ("pair_verification", "filter_lineage", "threshold_summary", "rejections", "table_sources"):
         assert wh.query(f"SELECT count(*) AS n FROM lineage.{view}")["n"][0] == 0
     assert set(TABLES) >= {"concur_pairs", "verified_pairs", "speedup_filtered_pairs"}
 
