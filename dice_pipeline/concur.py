@@ -14,6 +14,7 @@ import json
 import math
 import os
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,8 @@ def read_source(source: ConcurSource) -> Iterator[SourceRow]:
     if source.kind == "hf":
         import datasets
 
-        dataset = datasets.load_dataset(source.location, split=source.split)
+        with _unreadable_as_source_error(f"hf source {source.location} cannot be loaded"):
+            dataset = datasets.load_dataset(source.location, split=source.split)
         yield from _table_rows(dataset.data.table)
         return
     source.check_exists()
@@ -125,7 +127,8 @@ def read_source(source: ConcurSource) -> Iterator[SourceRow]:
     if source.kind == "disk":
         import datasets
 
-        loaded = datasets.load_from_disk(str(path))
+        with _unreadable_as_source_error(f"disk source {path} is not a save_to_disk folder"):
+            loaded = datasets.load_from_disk(str(path))
         if isinstance(loaded, datasets.DatasetDict):
             if source.split not in loaded:
                 raise SourceError(f"{path} has splits {list(loaded)}, not {source.split!r}")
@@ -136,9 +139,23 @@ def read_source(source: ConcurSource) -> Iterator[SourceRow]:
     elif source.kind == "parquet":
         import pyarrow.parquet as pq
 
-        yield from _table_rows(pq.read_table(path))
+        with _unreadable_as_source_error(f"parquet source {path} is not a readable Parquet file"):
+            table = pq.read_table(path)
+        yield from _table_rows(table)
     elif source.kind == "jsonl":
         yield from _read_jsonl(path)
+
+
+@contextmanager
+def _unreadable_as_source_error(what: str):
+    """A source that exists but cannot be opened is a SourceError naming it, with the reader's first line of why."""
+    try:
+        yield
+    except SourceError:
+        raise
+    except Exception as exc:  # readers raise many types (ArrowInvalid, FileNotFoundError, hub errors)
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SourceError(f"{what} ({type(exc).__name__}: {reason})") from exc
 
 
 def _read_arrow_file(path: Path):
@@ -346,7 +363,10 @@ def rows_sha256(rows: Iterable[SourceRow]) -> str:
     Two reads of the same content give the same hash, whatever the file format it was stored in."""
     digest = hashlib.sha256()
     for row in rows:
-        payload = _reject_snapshot(row.fields) if row.read_error is None else json.dumps(row.read_error)
+        if row.read_error is not None:
+            payload = json.dumps(row.read_error)
+        else:
+            payload = json.dumps({str(k): _json_safe(v) for k, v in (row.fields or {}).items()}, sort_keys=True)
         digest.update(payload.encode("utf-8", errors="replace") + b"\n")
     return digest.hexdigest()
 

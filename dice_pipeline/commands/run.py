@@ -229,10 +229,13 @@ def run_main_job(args: argparse.Namespace) -> int:
             # The other thresholds would filter what is in the warehouse, not what this run was asked to ingest.
             summary.not_run.append(f"thresholds {', '.join(thresholds[1:])}")
             break
+    if summary.source_errors:
+        # The source turned out unreadable once opened (e.g. not a Parquet file): that one line is the news.
+        for error in summary.source_errors:
+            print(f"dice run: source error: {error}", file=sys.stderr)
+        return summary.exit_code
     for line in summary.lines():
         print(line)
-    for error in summary.source_errors:
-        print(f"dice run: source error: {error}", file=sys.stderr)
     print(f"Dagster home: {home}  (open the UI with `dice dev`)")
     return summary.exit_code
 

@@ -63,6 +63,16 @@ def test_source_errors_are_one_line_naming_the_path(tmp_path, dice):
 
 
 @pytest.mark.slow
+def test_a_source_found_unreadable_once_opened_is_one_line_too(tmp_path, dice):
+    (tmp_path / "pairs.parquet").write_text("not parquet at all\n")
+    result = dice("--source", "pairs.parquet")
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("dice run: source error: parquet source pairs.parquet is not a readable Parquet file (")
+    assert result.stdout.splitlines() == ["dice run: ingesting parquet:pairs.parquet, thresholds 2.0"]
+
+
+@pytest.mark.slow
 def test_summary_numbers_and_exit_codes(tmp_path, dice, pair_factory):
     source = _source_a(tmp_path, pair_factory)
     ok = dice("--source", source, "--threshold", "2.0", "--threshold", "1.5")

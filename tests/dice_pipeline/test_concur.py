@@ -205,3 +205,12 @@ def test_overwrite_refusal_needs_the_users_say_so():
     switched = refuse("embedded", "jsonl:a", accepted=3, rows_read=3)
     assert "from embedded, not jsonl:a" in switched and "--allow-source-change" in switched
     assert refuse("embedded", "jsonl:a", accepted=3, rows_read=3, allow_source_change=True) is None
+
+
+def test_a_file_of_the_wrong_format_is_a_source_error_naming_it(tmp_path):
+    (tmp_path / "pairs.parquet").write_text("not parquet\n")
+    with pytest.raises(SourceError, match=f"parquet source {tmp_path / 'pairs.parquet'} is not a readable Parquet"):
+        ingest(ConcurSource.parse(str(tmp_path / "pairs.parquet")))
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(SourceError, match="is not a save_to_disk folder"):
+        ingest(ConcurSource("disk", str(tmp_path / "folder")))
