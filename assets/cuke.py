@@ -15,6 +15,7 @@ from assets.keys import table_out
 from assets.metadata import counts_markdown, markdown_preview, table_metadata
 from dice_pipeline.filtering import parse_threshold_key
 from dice_pipeline.paths import artifacts_dir
+from dice_pipeline.resources import SOURCE_METADATA_KEY, SOURCE_SHA256_METADATA_KEY
 from warehouse.tables import CUKE_PARTITION_COLUMN, table_for
 
 RL_TASK_FILE_ENV_VAR = "DICE_RL_TASK_FILE"
@@ -54,7 +55,12 @@ def _with_partition(frame: pl.DataFrame, name: str, partition_key: str) -> pl.Da
     partitions_def=keys.THRESHOLD_PARTITIONS,
     group_name=keys.GROUP_CUKE,
     check_specs=[
-        dg.AssetCheckSpec("rows_conserved", asset=keys.CUKE_SFT_SAMPLES, description="candidates == samples + rejects"),
+        dg.AssetCheckSpec(
+            "rows_conserved",
+            asset=keys.CUKE_SFT_SAMPLES,
+            blocking=True,
+            description="candidates == samples + rejects",
+        ),
         dg.AssetCheckSpec("prompt_response_present", asset=keys.CUKE_SFT_SAMPLES, blocking=True),
     ],
 )
@@ -297,6 +303,13 @@ def rl_end_to_end_tasks(context: dg.AssetExecutionContext, config: RlPoolConfig,
         "source": source,
         "difficulty_counts": dg.MetadataValue.md(counts_markdown(pool, "difficulty", "difficulty")),
     }
+    if task_file:
+        # Not built from ConCuR: the table's source is the task file itself.
+        import hashlib
+        from pathlib import Path
+
+        metadata[SOURCE_METADATA_KEY] = f"task_file:{task_file}"
+        metadata[SOURCE_SHA256_METADATA_KEY] = hashlib.sha256(Path(task_file).read_bytes()).hexdigest()
     if rejects is not None:
         metadata["rejected_rows"] = rejects.height
         metadata["rejects"] = dg.MetadataValue.md(

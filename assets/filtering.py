@@ -11,7 +11,7 @@ import polars as pl
 
 from assets import keys
 from assets.keys import table_out
-from assets.metadata import counts_markdown, histogram_markdown, schema_check, table_metadata
+from assets.metadata import counts_markdown, histogram_markdown, schema_check, table_metadata, versioned_output
 from dice_pipeline.filtering import filter_by_speedup, parse_threshold_key
 from dice_pipeline.schemas import SPEEDUP_FILTER_DECISIONS, SPEEDUP_FILTERED_PAIRS
 
@@ -42,10 +42,18 @@ class FilterConfig(dg.Config):
     partitions_def=keys.THRESHOLD_PARTITIONS,
     group_name=keys.GROUP_FILTER,
     check_specs=[
-        dg.AssetCheckSpec("threshold_respected", asset=keys.SPEEDUP_FILTERED_PAIRS, blocking=True),
+        dg.AssetCheckSpec(
+            "threshold_respected",
+            asset=keys.SPEEDUP_FILTERED_PAIRS,
+            blocking=True,
+            description="every kept pair's speedup is at least the threshold",
+        ),
         dg.AssetCheckSpec("schema_matches", asset=keys.SPEEDUP_FILTERED_PAIRS),
         dg.AssetCheckSpec(
-            "rows_conserved", asset=keys.SPEEDUP_FILTER_DECISIONS, description="one decision per ingested pair"
+            "rows_conserved",
+            asset=keys.SPEEDUP_FILTER_DECISIONS,
+            blocking=True,
+            description="one decision per ingested pair",
         ),
         dg.AssetCheckSpec(
             "non_empty",
@@ -62,16 +70,25 @@ def speedup_filtering(context: dg.AssetExecutionContext, config: FilterConfig, c
     one; verifier rejects are never kept. Every decision records the convention its speedup was measured in."""
     threshold_key = context.partition_key
     threshold = parse_threshold_key(threshold_key)
+    if concur_pairs.height == 0:
+        # An empty ingestion was written only on request, and its blocking check stops this step in the same run;
+        # a later run of this partition alone must not replace its pairs by nothing either.
+        raise dg.Failure(
+            description=f"refused to overwrite partition {threshold_key}: concur_pairs is empty (the last ingestion "
+            "accepted no pair), so there is nothing to filter",
+            metadata={"threshold_key": threshold_key, "ingested_pairs": 0, "refused": True},
+            allow_retries=False,
+        )
     kept, decisions = filter_by_speedup(concur_pairs, verified_pairs, threshold_key,
                                         config.speedup_convention or None)
     # The data version is the kept set itself: downstream partitions go stale exactly when it changes.
     fingerprint = "\n".join(f"{u}:{s}" for u, s in kept.select("uuid", "speedup_used").iter_rows())
-    data_version = dg.DataVersion(hashlib.sha256(fingerprint.encode()).hexdigest()[:16])
+    data_version = hashlib.sha256(fingerprint.encode()).hexdigest()[:16]
 
-    yield dg.Output(
+    yield versioned_output(
         kept,
+        data_version,
         output_name="speedup_filtered_pairs",
-        data_version=data_version,
         metadata={
             **table_metadata(
                 kept,
@@ -103,12 +120,17 @@ def speedup_filtering(context: dg.AssetExecutionContext, config: FilterConfig, c
         check_name="threshold_respected",
         asset_key=keys.SPEEDUP_FILTERED_PAIRS,
         passed=below.height == 0,
-        metadata={"rows_below_threshold": below.height},
+        description=None if below.height == 0 else f"{below.height} kept pairs are below the {threshold:g}x threshold",
+        metadata={"rows_below_threshold": below.height, "threshold": threshold},
     )
+    conserved = decisions.height == concur_pairs.height and decisions["uuid"].n_unique() == decisions.height
     yield dg.AssetCheckResult(
         check_name="rows_conserved",
         asset_key=keys.SPEEDUP_FILTER_DECISIONS,
-        passed=decisions.height == concur_pairs.height and decisions["uuid"].n_unique() == decisions.height,
+        passed=conserved,
+        description=None if conserved else
+        f"{concur_pairs.height} pairs ingested but {decisions.height} decisions "
+        f"({decisions['uuid'].n_unique()} distinct)",
         metadata={"ingested": concur_pairs.height, "decisions": decisions.height},
     )
     yield dg.AssetCheckResult(

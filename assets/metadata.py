@@ -3,6 +3,7 @@
 import base64
 import io
 import json
+import warnings
 from collections.abc import Sequence
 
 import dagster as dg
@@ -94,3 +95,15 @@ def schema_check(check_name: str, asset_key: dg.AssetKey, frame: pl.DataFrame, s
         passed=not mismatches and not extra,
         metadata={"mismatches": ", ".join(mismatches) or "none", "unexpected_columns": ", ".join(extra) or "none"},
     )
+
+
+def versioned_output(value, data_version: str, **kwargs) -> dg.Output:
+    """A `dg.Output` with an explicit data version, so downstream goes stale exactly when the content changes.
+
+    `Output(data_version=...)` is a beta parameter in Dagster 1.13 and warns on every call; we rely on it knowingly
+    (a `Config` change does not make downstream stale otherwise: NOTES.md section 5), so the warning is silenced
+    here, for this one call, and nowhere else.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", dg.BetaWarning)
+        return dg.Output(value, data_version=dg.DataVersion(data_version), **kwargs)

@@ -1,12 +1,19 @@
 """Stage 4, Attention/MLP structure synthesis: LLM-block reference tasks at varied shapes, candidate kernels from
 the configured generator backend, each verified; only correct ones faster than the floor are kept."""
 
+import hashlib
+
 import dagster as dg
 import polars as pl
 
 from assets import keys
 from assets.metadata import counts_markdown, histogram_markdown, table_metadata
-from dice_pipeline.resources import KernelGeneratorResource, KernelVerifier
+from dice_pipeline.resources import (
+    SOURCE_METADATA_KEY,
+    SOURCE_SHA256_METADATA_KEY,
+    KernelGeneratorResource,
+    KernelVerifier,
+)
 from dice_pipeline.schemas import STRUCTURE_INSTANCES, conform
 from dice_pipeline.verified import verdict_id
 
@@ -64,9 +71,15 @@ def structure_instances(
         STRUCTURE_INSTANCES,
     )
     kept = frame.filter(pl.col("kept"))
+    # Not built from ConCuR: its source is the catalogue and the generator, its content the candidates judged.
+    content = "\n".join(
+        f"{t}:{c}:{v}" for t, c, v in frame.select("task_id", "candidate_code", "verdict_id").iter_rows()
+    )
     yield dg.Output(
         frame,
         metadata={
+            SOURCE_METADATA_KEY: f"structure_catalogue:{generator.backend}",
+            SOURCE_SHA256_METADATA_KEY: hashlib.sha256(content.encode()).hexdigest(),
             **table_metadata(
                 frame,
                 STRUCTURE_INSTANCES,

@@ -11,7 +11,7 @@ import dagster as dg
 import polars as pl
 
 from assets import keys
-from assets.metadata import counts_markdown, histogram_markdown, schema_check, table_metadata
+from assets.metadata import counts_markdown, histogram_markdown, schema_check, table_metadata, versioned_output
 from dice_pipeline.resources import KernelVerifier
 from dice_pipeline.schemas import VERIFIED_PAIRS
 from dice_pipeline.verified import verdicts_frame
@@ -25,7 +25,12 @@ from dice_pipeline.verified import verdicts_frame
     code_version="1",
     pool="gpu",
     check_specs=[
-        dg.AssetCheckSpec("one_verdict_per_pair", asset=keys.VERIFIED_PAIRS),
+        dg.AssetCheckSpec(
+            "one_verdict_per_pair",
+            asset=keys.VERIFIED_PAIRS,
+            blocking=True,
+            description="rows conserved: one verdict per ingested pair",
+        ),
         dg.AssetCheckSpec("schema_matches", asset=keys.VERIFIED_PAIRS),
     ],
 )
@@ -43,9 +48,9 @@ def verified_pairs(context: dg.AssetExecutionContext, concur_pairs: pl.DataFrame
         f"{u}:{s}:{'' if x is None else round(x, 2)}"
         for u, s, x in frame.select("uuid", "status", "measured_speedup").iter_rows()
     )
-    yield dg.Output(
+    yield versioned_output(
         frame,
-        data_version=dg.DataVersion(hashlib.sha256(fingerprint.encode()).hexdigest()[:16]),
+        hashlib.sha256(fingerprint.encode()).hexdigest()[:16],
         metadata={
             **table_metadata(
                 frame, VERIFIED_PAIRS, ["uuid", "problem_name", "status", "measured_speedup", "reason_codes"]

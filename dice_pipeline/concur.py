@@ -14,6 +14,7 @@ import json
 import math
 import os
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,6 +75,18 @@ class ConcurSource:
             return cls("hf", spec, split)  # looks like a hub id, e.g. lkongam/ConCuR
         raise SourceError(f"cannot tell what kind of source {spec!r} is; prefix it with one of {SOURCE_KINDS}")
 
+    def check_exists(self) -> None:
+        """Raise SourceError if a local source's path is missing or of the wrong kind (before any work starts)."""
+        if self.kind in ("embedded", "hf"):
+            return
+        path = Path(self.location)
+        if not path.exists():
+            raise SourceError(f"{self.kind} source {path} does not exist")
+        if self.kind == "disk" and not path.is_dir():
+            raise SourceError(f"disk source {path} is not a directory (a save_to_disk folder is expected)")
+        if self.kind != "disk" and path.is_dir():
+            raise SourceError(f"{self.kind} source {path} is a directory, not a {self.kind} file")
+
     @classmethod
     def resolve(cls, spec: str | None = None, split: str = "train") -> ConcurSource:
         """`spec` if given, else the DICE_CONCUR_SOURCE environment variable, else the embedded seed corpus."""
@@ -105,16 +118,17 @@ def read_source(source: ConcurSource) -> Iterator[SourceRow]:
     if source.kind == "hf":
         import datasets
 
-        dataset = datasets.load_dataset(source.location, split=source.split)
+        with _unreadable_as_source_error(f"hf source {source.location} cannot be loaded"):
+            dataset = datasets.load_dataset(source.location, split=source.split)
         yield from _table_rows(dataset.data.table)
         return
+    source.check_exists()
     path = Path(source.location)
-    if not path.exists():
-        raise SourceError(f"{source.kind} source {path} does not exist")
     if source.kind == "disk":
         import datasets
 
-        loaded = datasets.load_from_disk(str(path))
+        with _unreadable_as_source_error(f"disk source {path} is not a save_to_disk folder"):
+            loaded = datasets.load_from_disk(str(path))
         if isinstance(loaded, datasets.DatasetDict):
             if source.split not in loaded:
                 raise SourceError(f"{path} has splits {list(loaded)}, not {source.split!r}")
@@ -125,9 +139,23 @@ def read_source(source: ConcurSource) -> Iterator[SourceRow]:
     elif source.kind == "parquet":
         import pyarrow.parquet as pq
 
-        yield from _table_rows(pq.read_table(path))
+        with _unreadable_as_source_error(f"parquet source {path} is not a readable Parquet file"):
+            table = pq.read_table(path)
+        yield from _table_rows(table)
     elif source.kind == "jsonl":
         yield from _read_jsonl(path)
+
+
+@contextmanager
+def _unreadable_as_source_error(what: str):
+    """A source that exists but cannot be opened is a SourceError naming it, with the reader's first line of why."""
+    try:
+        yield
+    except SourceError:
+        raise
+    except Exception as exc:  # readers raise many types (ArrowInvalid, FileNotFoundError, hub errors)
+        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise SourceError(f"{what} ({type(exc).__name__}: {reason})") from exc
 
 
 def _read_arrow_file(path: Path):
@@ -330,8 +358,58 @@ def validate_concur_rows(rows: Iterable[SourceRow], source_name: str) -> tuple[p
     )
 
 
-def ingest(source: ConcurSource) -> tuple[pl.DataFrame, pl.DataFrame, int]:
-    """Read and validate a source. Returns (accepted, rejects, rows_read)."""
+def rows_sha256(rows: Iterable[SourceRow]) -> str:
+    """The hash of a source's content as read: every row in order (its fields, or why it could not be read).
+    Two reads of the same content give the same hash, whatever the file format it was stored in."""
+    digest = hashlib.sha256()
+    for row in rows:
+        if row.read_error is not None:
+            payload = json.dumps(row.read_error)
+        else:
+            payload = json.dumps({str(k): _json_safe(v) for k, v in (row.fields or {}).items()}, sort_keys=True)
+        digest.update(payload.encode("utf-8", errors="replace") + b"\n")
+    return digest.hexdigest()
+
+
+@dataclass
+class Ingested:
+    accepted: pl.DataFrame
+    rejects: pl.DataFrame
+    rows_read: int
+    source_sha256: str
+
+
+def ingest_source(source: ConcurSource) -> Ingested:
+    """Read, hash and validate a source."""
     rows = list(read_source(source))
     accepted, rejects = validate_concur_rows(rows, source.name)
-    return accepted, rejects, len(rows)
+    return Ingested(accepted, rejects, len(rows), rows_sha256(rows))
+
+
+def ingest(source: ConcurSource) -> tuple[pl.DataFrame, pl.DataFrame, int]:
+    """Read and validate a source. Returns (accepted, rejects, rows_read)."""
+    result = ingest_source(source)
+    return result.accepted, result.rejects, result.rows_read
+
+
+def overwrite_refusal(
+    previous_source: str | None,
+    new_source: str,
+    accepted: int,
+    rows_read: int,
+    allow_empty: bool = False,
+    allow_source_change: bool = False,
+) -> str | None:
+    """Why an ingestion must not replace the tables already there, or None if it may.
+
+    A source with no accepted row would replace a dataset by nothing; a different source would leave results of two
+    sources side by side downstream. Either needs the user's say-so. A first ingestion (nothing there) is always fine,
+    and so is new content from the same source.
+    """
+    if accepted == 0 and not allow_empty:
+        return (f"source {new_source} has no accepted rows ({rows_read} rows read, none accepted): refusing to "
+                f"replace the ingested pairs with nothing (allow_empty / --allow-empty to write it anyway)")
+    if previous_source is not None and previous_source != new_source and not allow_source_change:
+        return (f"the warehouse holds pairs ingested from {previous_source}, not {new_source}: refusing to mix "
+                f"sources (allow_source_change / --allow-source-change to replace them)")
+    return None

@@ -9,7 +9,20 @@ import dagster as dg
 import polars as pl
 
 from dice_pipeline.paths import warehouse_path
-from warehouse import Warehouse, install_lineage_views, table_for
+from warehouse import Provenance, Warehouse, install_lineage_views, table_for
+
+# Output metadata an asset sets to say which source its table is built from (ingestion, synthesis, a task file).
+# Outputs without it inherit the source of `concur_pairs`, the table every other stage is derived from.
+SOURCE_METADATA_KEY = "dice/source"
+SOURCE_SHA256_METADATA_KEY = "dice/source_sha256"
+DERIVED_FROM_METADATA_KEY = "dice/derived_from"
+DERIVED_FROM_DEFAULT = "concur_pairs"
+
+
+def _metadata_text(metadata, key: str) -> str | None:
+    value = metadata.get(key)
+    value = getattr(value, "value", value)
+    return None if value is None else str(value)
 
 
 class WarehouseResource(dg.ConfigurableResource):
@@ -26,7 +39,8 @@ class WarehouseIOManager(dg.ConfigurableIOManager):
 
     Unlike the stock DuckDB IO managers it writes empty frames (an empty result is still a table), creates tables
     from the declared schema (so a new column is an ALTER, not a failed write), and replaces only the rows of the
-    partition being written. Lineage views are refreshed after every write.
+    partition being written. Each write records the source the table (or partition) was built from in the same
+    transaction (`lineage.builds`, shown by `lineage.table_sources`). Lineage views are refreshed after every write.
     """
 
     path: str = ""
@@ -42,11 +56,35 @@ class WarehouseIOManager(dg.ConfigurableIOManager):
         if not isinstance(obj, pl.DataFrame):
             raise TypeError(f"{context.asset_key.to_user_string()} returned {type(obj).__name__}, not a polars frame")
         spec = table_for(self._table_name(context))
-        partition_key = context.partition_key if context.has_partition_key else None
+        # The run's partition key is not this table's when the asset is unpartitioned (ingestion in a threshold run).
+        partition_key = context.asset_partition_key if context.has_asset_partitions else None
         warehouse = self._warehouse()
-        rows = warehouse.write(spec, obj, partition_key=partition_key)
+        provenance = self._provenance(context, warehouse)
+        rows = warehouse.write(spec, obj, partition_key=partition_key, provenance=provenance)
         install_lineage_views(warehouse)
-        context.add_output_metadata({"warehouse/table": spec.qualified_name, "warehouse/rows_written": rows})
+        context.add_output_metadata({
+            "warehouse/table": spec.qualified_name,
+            "warehouse/rows_written": rows,
+            "warehouse/built_from": provenance.source_name or "unknown",
+        })
+
+    @staticmethod
+    def _provenance(context: dg.OutputContext, warehouse: Warehouse) -> Provenance:
+        metadata = context.output_metadata or {}
+        if SOURCE_METADATA_KEY in metadata:
+            return Provenance(
+                _metadata_text(metadata, SOURCE_METADATA_KEY),
+                _metadata_text(metadata, SOURCE_SHA256_METADATA_KEY),
+                _metadata_text(metadata, DERIVED_FROM_METADATA_KEY),
+                context.run_id,
+            )
+        upstream = warehouse.provenance(DERIVED_FROM_DEFAULT)
+        return Provenance(
+            upstream.source_name if upstream else None,
+            upstream.source_sha256 if upstream else None,
+            DERIVED_FROM_DEFAULT,
+            context.run_id,
+        )
 
     def load_input(self, context: dg.InputContext) -> pl.DataFrame:
         spec = table_for(self._table_name(context))

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from warehouse.connection import Warehouse
+from warehouse.connection import BUILDS_TABLE, Provenance, Warehouse
 from warehouse.tables import TABLES, table_for
 
 LINEAGE_VIEWS_SQL = (Path(__file__).with_name("lineage_views.sql")).read_text()
@@ -18,4 +18,13 @@ def install_lineage_views(wh: Warehouse) -> None:
     wh.install_views(LINEAGE_VIEWS_SQL, list(TABLES.values()))
 
 
-__all__ = ["LINEAGE_VIEWS_SQL", "TABLES", "Warehouse", "install_lineage_views", "open_warehouse", "table_for"]
+__all__ = [
+    "BUILDS_TABLE",
+    "LINEAGE_VIEWS_SQL",
+    "TABLES",
+    "Provenance",
+    "Warehouse",
+    "install_lineage_views",
+    "open_warehouse",
+    "table_for",
+]

@@ -2,6 +2,8 @@
 
 DuckDB allows one writing process per file, and even a read-only connection blocks writers in other processes, so
 every connection (read or write) is taken under an exclusive lock file next to the database and held briefly.
+Each write replaces a table (or one partition) and records where its rows came from (`lineage.builds`) in one
+transaction: a process killed mid-write leaves the previous rows and their provenance, never half of either.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import json
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
@@ -39,6 +42,32 @@ def duckdb_type(dtype: pl.DataType) -> str:
 
 def _quote(identifier: str) -> str:
     return '"' + identifier.replace('"', '""') + '"'
+
+
+# One row per table (and partition: "" for an unpartitioned table): the source its current rows were built from.
+BUILDS_TABLE = "lineage.builds"
+_BUILDS_DDL = f"""CREATE TABLE IF NOT EXISTS {BUILDS_TABLE} (
+    table_name VARCHAR NOT NULL,
+    partition_key VARCHAR NOT NULL,
+    source_name VARCHAR,
+    source_sha256 VARCHAR,
+    derived_from VARCHAR,
+    run_id VARCHAR,
+    written_at TIMESTAMPTZ,
+    PRIMARY KEY (table_name, partition_key)
+)"""
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a table's rows came from: the source (e.g. "embedded", "parquet:/data/x.parquet") and the hash of its
+    content as read. `derived_from` names the table whose source this one inherits (None for a source table itself):
+    the lineage views mark a build stale when that table has since been rebuilt from another source or content."""
+
+    source_name: str | None
+    source_sha256: str | None
+    derived_from: str | None = None
+    run_id: str | None = None
 
 
 class Warehouse:
@@ -92,8 +121,20 @@ class Warehouse:
             if name not in existing:
                 con.execute(f"ALTER TABLE {spec.qualified_name} ADD COLUMN {_quote(name)} {duckdb_type(dtype)}")
 
-    def write(self, spec: TableSpec, frame: pl.DataFrame, partition_key: str | None = None) -> int:
-        """Replace the table (or, for a partitioned table, the rows of `partition_key`) with `frame`.
+    @staticmethod
+    def _ensure_builds_table(con: duckdb.DuckDBPyConnection) -> None:
+        con.execute("CREATE SCHEMA IF NOT EXISTS lineage")
+        con.execute(_BUILDS_DDL)
+
+    def write(
+        self,
+        spec: TableSpec,
+        frame: pl.DataFrame,
+        partition_key: str | None = None,
+        provenance: Provenance | None = None,
+    ) -> int:
+        """Replace the table (or, for a partitioned table, the rows of `partition_key`) with `frame`, and record
+        `provenance` for it, in one transaction.
 
         An empty frame still creates the table, so downstream readers always find it. Returns rows written.
         """
@@ -124,6 +165,13 @@ class Warehouse:
                         f"INSERT INTO {spec.qualified_name} ({column_list}) SELECT {column_list} FROM incoming_frame"
                     )
                     con.unregister("incoming_frame")
+                if provenance is not None:
+                    self._ensure_builds_table(con)
+                    con.execute(
+                        f"INSERT OR REPLACE INTO {BUILDS_TABLE} VALUES (?, ?, ?, ?, ?, ?, now())",
+                        [spec.table_name, partition_key if spec.partition_column else "", provenance.source_name,
+                         provenance.source_sha256, provenance.derived_from, provenance.run_id],
+                    )
                 con.execute("COMMIT")
             except BaseException:
                 con.execute("ROLLBACK")
@@ -146,6 +194,17 @@ class Warehouse:
             return empty_frame(spec.schema)
         return conform(frame, spec.schema)
 
+    def provenance(self, table_name: str, partition_key: str | None = None) -> Provenance | None:
+        """The recorded provenance of a table (or partition), or None where nothing was recorded."""
+        with self.connect() as con:
+            self._ensure_builds_table(con)
+            row = con.execute(
+                f"SELECT source_name, source_sha256, derived_from, run_id FROM {BUILDS_TABLE} "
+                "WHERE table_name = ? AND partition_key = ?",
+                [table_name, partition_key or ""],
+            ).fetchone()
+        return None if row is None else Provenance(*row)
+
     @staticmethod
     def _table_exists(con: duckdb.DuckDBPyConnection, spec: TableSpec) -> bool:
         return bool(
@@ -164,6 +223,7 @@ class Warehouse:
         with self.connect() as con:
             for spec in specs:
                 self._ensure_table(con, spec)
+            self._ensure_builds_table(con)
             con.execute(sql_text)
 
     def describe(self) -> str:

@@ -1,5 +1,29 @@
 -- Views that answer the lineage questions users ask. Recreated after every write of a stage table.
+-- lineage.builds (a table, see warehouse/connection.py) records each table's and partition's source.
 CREATE SCHEMA IF NOT EXISTS lineage;
+
+-- Every table and partition with the source (and content hash) it was built from. `stale`: built from another
+-- source or content than the table it derives from holds now (e.g. a threshold partition built before the ingested
+-- source changed), so mixed-source partitions are visible instead of silently side by side.
+-- e.g. SELECT table_name, partition_key, source_name FROM lineage.table_sources WHERE stale;
+CREATE OR REPLACE VIEW lineage.table_sources AS
+SELECT
+    b.table_name,
+    b.partition_key,
+    b.source_name,
+    b.source_sha256,
+    b.derived_from,
+    u.source_name AS upstream_source_name,
+    u.source_sha256 AS upstream_source_sha256,
+    coalesce(b.derived_from IS NOT NULL AND (
+        u.table_name IS NULL
+        OR b.source_name IS DISTINCT FROM u.source_name
+        OR b.source_sha256 IS DISTINCT FROM u.source_sha256), false) AS stale,
+    b.run_id,
+    b.written_at
+FROM lineage.builds b
+LEFT JOIN lineage.builds u ON u.table_name = b.derived_from AND u.partition_key = ''
+ORDER BY b.table_name, b.partition_key;
 
 -- Every ingested pair, its verification verdict, and the speedup the filter would use for it.
 CREATE OR REPLACE VIEW lineage.pair_verification AS
@@ -37,17 +61,24 @@ SELECT
     p.speedup_over_eager AS recorded_speedup,
     v.measured_speedup,
     d.verification_status,
-    d.verdict_id
+    d.verdict_id,
+    b.source_name AS partition_source_name,
+    b.source_sha256 AS partition_source_sha256,
+    coalesce(b.stale, true) AS partition_stale
 FROM filter.speedup_filter_decisions d
 LEFT JOIN ingest.concur_pairs p USING (uuid)
-LEFT JOIN verify.verified_pairs v USING (uuid);
+LEFT JOIN verify.verified_pairs v USING (uuid)
+LEFT JOIN lineage.table_sources b ON b.table_name = 'speedup_filter_decisions' AND b.partition_key = d.threshold_key;
 
--- Counts per threshold: kept, and dropped by reason. Thresholds materialised side by side appear as rows.
+-- Counts per threshold: kept, and dropped by reason. Thresholds materialised side by side appear as rows, each with
+-- the source it was built from and whether that is still the ingested one.
 CREATE OR REPLACE VIEW lineage.threshold_summary AS
-SELECT threshold_key, threshold, reason_code, count(*) AS pairs
-FROM filter.speedup_filter_decisions
-GROUP BY ALL
-ORDER BY threshold, reason_code;
+SELECT d.threshold_key, d.threshold, d.reason_code, count(*) AS pairs,
+       any_value(b.source_name) AS partition_source_name, coalesce(any_value(b.stale), true) AS partition_stale
+FROM filter.speedup_filter_decisions d
+LEFT JOIN lineage.table_sources b ON b.table_name = 'speedup_filter_decisions' AND b.partition_key = d.threshold_key
+GROUP BY d.threshold_key, d.threshold, d.reason_code
+ORDER BY d.threshold, d.reason_code;
 
 -- Every rejection anywhere in the pipeline, one row each, with its stage and reason.
 CREATE OR REPLACE VIEW lineage.rejections AS

@@ -1,16 +1,26 @@
 """`dice run`: materialize the main job (ingest -> verify -> filter -> curate) into the persistent Dagster instance,
-so the runs, partitions and lineage it makes are there when you open `dice dev`."""
+so the runs, partitions and lineage it makes are there when you open `dice dev`.
+
+Prints a short summary (rows in, accepted, rejected by reason, kept per threshold, checks failed, what was refused
+or not run). Exit status: 0 when every step ran and every check passed; 1 when a step failed, a check failed, an
+overwrite was refused or no pair was accepted; 2 when the source cannot be read (one line says why).
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
+from dataclasses import dataclass, field
 
 from dice_pipeline.filtering import PAPER_THRESHOLD, canonical_threshold_key
+
+EXIT_OK, EXIT_FAILED, EXIT_SOURCE_ERROR = 0, 1, 2
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("run", help="run the main job (default: embedded seed corpus, threshold 2.0)",
-                                   description=__doc__)
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source", default="",
                         help="ConCuR source: embedded (default), hf:lkongam/ConCuR, or a path to .arrow/.parquet/"
                              ".jsonl/a save_to_disk dir (default: $DICE_CONCUR_SOURCE or embedded)")
@@ -27,10 +37,159 @@ def register(subparsers) -> None:
     parser.add_argument("--accept-verdicts-from", action="append", default=[], metavar="VERSION",
                         help="where the store has no verdict of this verifier version, use one of this older "
                              "version (e.g. 0.2.0); such verdicts are flagged older_verifier_version")
+    parser.add_argument("--allow-source-change", action="store_true",
+                        help="replace pairs ingested from another source (partitions built from the old one are "
+                             "then marked stale in lineage.table_sources until rebuilt)")
+    parser.add_argument("--allow-empty", action="store_true",
+                        help="write a source with no accepted pair (its blocking check still stops downstream)")
+    parser.add_argument("--force", action="store_true", help="both --allow-source-change and --allow-empty")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="show Dagster's event stream and warnings (off by default: a summary is printed)")
     parser.set_defaults(func=run_main_job)
 
 
+@dataclass
+class RunSummary:
+    """What the runs of one `dice run` did, gathered from their Dagster events."""
+
+    source: str = ""
+    source_sha256: str = ""
+    rows_read: int | None = None
+    accepted: int | None = None
+    rejected: int | None = None
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+    kept: dict[str, tuple[int, int]] = field(default_factory=dict)  # threshold -> (kept, decisions)
+    cuke_samples: dict[str, int] = field(default_factory=dict)
+    failed_checks: list[str] = field(default_factory=list)
+    refusals: list[str] = field(default_factory=list)
+    source_errors: list[str] = field(default_factory=list)
+    step_failures: list[str] = field(default_factory=list)
+    not_run: list[str] = field(default_factory=list)
+    runs: list[tuple[str, str, bool]] = field(default_factory=list)  # (threshold, run id, success)
+
+    def add(self, threshold: str, result, instance, partitioned_assets=()) -> None:
+        """Add one run's events; `partitioned_assets` (asset keys) are named with the run's threshold."""
+        self.runs.append((threshold, result.run_id, result.success))
+        for event in result.get_asset_materialization_events():
+            self._add_materialization(event.asset_key.to_user_string(), event.partition,
+                                      event.materialization.metadata)
+        for evaluation in result.get_asset_check_evaluations():
+            if not evaluation.passed:
+                partition = getattr(evaluation, "partition", None) or (
+                    threshold if evaluation.asset_key in partitioned_assets else None)
+                where = evaluation.asset_key.to_user_string() + (f"[{partition}]" if partition else "")
+                kind = "blocking" if evaluation.blocking else evaluation.severity.value.lower()
+                self.failed_checks.append(f"{where} {evaluation.check_name} ({kind})"
+                                          + (f": {evaluation.description}" if evaluation.description else ""))
+        for event in result.get_step_failure_events():
+            self._add_failure(event.step_key, event.step_failure_data)
+        planned = instance.get_execution_plan_snapshot(result.dagster_run.execution_plan_snapshot_id)
+        finished = {e.step_key for e in result.all_events if e.is_step_success or e.is_step_failure}
+        self.not_run += [step for step in planned.step_keys_to_execute or [] if step not in finished]
+
+    def _add_materialization(self, asset: str, partition: str | None, metadata) -> None:
+        def value(key, default=None):
+            item = metadata.get(key)
+            return default if item is None else getattr(item, "value", item)
+
+        if asset == "concur_pairs":
+            self._add_counts(value)
+        elif asset == "speedup_filtered_pairs" and partition is not None:
+            previous = self.kept.get(partition, (0, 0))
+            self.kept[partition] = (int(value("dagster/row_count", 0)), previous[1])
+        elif asset == "speedup_filter_decisions" and partition is not None:
+            previous = self.kept.get(partition, (0, 0))
+            self.kept[partition] = (previous[0], int(value("dagster/row_count", 0)))
+        elif asset == "cuke_sft_samples" and partition is not None:
+            self.cuke_samples[partition] = int(value("dagster/row_count", 0))
+
+    def _add_counts(self, value) -> None:
+        if value("rows_read") is None:
+            return
+        self.source, self.source_sha256 = str(value("source", "")), str(value("source_sha256", ""))
+        self.rows_read, self.accepted = int(value("rows_read")), int(value("accepted"))
+        self.rejected = int(value("rows_rejected"))
+        self.rejected_by_reason = dict(value("rejected_by_reason", {}) or {})
+
+    def _add_failure(self, step_key: str, failure) -> None:
+        user = failure.user_failure_data
+        if user is not None:
+            metadata = user.metadata or {}
+            if "rows_read" in metadata:
+                self._add_counts(lambda k, d=None: getattr(metadata.get(k), "value", d) if k in metadata else d)
+            text = " ".join((user.description or "").split())
+            if text.startswith("source error: "):
+                self.source_errors.append(text.removeprefix("source error: "))
+            elif text.startswith("refused to overwrite: "):
+                self.refusals.append(f"{step_key}: {text.removeprefix('refused to overwrite: ')}")
+            elif "refused" in metadata:
+                self.refusals.append(f"{step_key}: {text}")
+            else:
+                self.step_failures.append(f"{step_key}: {text}")
+            return
+        error = failure.error
+        message = error.message.strip() if error is not None else "unknown error"
+        if error is not None and error.cause is not None and "DagsterExecutionStepExecutionError" in error.cls_name:
+            message = error.cause.message.strip()
+        if "blocking asset check" in message:
+            return  # already listed under the failed checks
+        self.step_failures.append(f"{step_key}: {message.splitlines()[0] if message else 'failed'}")
+
+    @property
+    def nothing_accepted(self) -> bool:
+        return self.accepted == 0
+
+    @property
+    def exit_code(self) -> int:
+        if self.source_errors:
+            return EXIT_SOURCE_ERROR
+        if (self.failed_checks or self.refusals or self.step_failures or self.nothing_accepted
+                or not all(ok for _, _, ok in self.runs)):
+            return EXIT_FAILED
+        return EXIT_OK
+
+    def lines(self) -> list[str]:
+        out = []
+        if self.rows_read is not None:
+            source = self.source + (f" (content sha256 {self.source_sha256[:12]})" if self.source_sha256 else "")
+            reasons = ", ".join(f"{reason} {count}" for reason, count in self.rejected_by_reason.items())
+            out.append(f"source: {source}")
+            out.append(f"ingest: {self.rows_read} rows read, {self.accepted} accepted, {self.rejected} rejected"
+                       + (f" ({reasons})" if reasons else ""))
+        for threshold, (kept, decisions) in self.kept.items():
+            samples = self.cuke_samples.get(threshold)
+            out.append(f"threshold {threshold}: {kept} of {decisions} pairs kept"
+                       + (f", {samples} CuKe samples" if samples is not None else ""))
+        out.append("checks failed: " + ("none" if not self.failed_checks else str(len(self.failed_checks))))
+        out += [f"  {check}" for check in self.failed_checks]
+        out += [f"refused: {refusal}" for refusal in self.refusals]
+        out += [f"failed: {failure}" for failure in self.step_failures]
+        if self.not_run:
+            out.append("not run (upstream failed or blocked): " + ", ".join(dict.fromkeys(self.not_run)))
+        for threshold, run_id, ok in self.runs:
+            out.append(f"threshold {threshold}: run {run_id} {'succeeded' if ok else 'FAILED'}")
+        return out
+
+
+def _quiet_run_config() -> dict:
+    # The console logger prints every Dagster event at DEBUG; the summary says what matters. --verbose keeps it.
+    return {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
+
+
 def run_main_job(args: argparse.Namespace) -> int:
+    from dice_pipeline.concur import ConcurSource, SourceError
+
+    try:
+        # Fail before anything runs: a missing file or an unknown format is one line, not a step failure.
+        source = ConcurSource.resolve(args.source)
+        source.check_exists()
+    except SourceError as exc:
+        print(f"dice run: source error: {exc}", file=sys.stderr)
+        return EXIT_SOURCE_ERROR
+    verdict_store = _verdict_store_dir(args.verdict_store)
+    if not args.verbose:
+        os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+
     from dice_pipeline.paths import ensure_dagster_home
 
     home = ensure_dagster_home()
@@ -38,37 +197,51 @@ def run_main_job(args: argparse.Namespace) -> int:
 
     from dice_pipeline import definitions
 
-    thresholds = [canonical_threshold_key(t) for t in (args.threshold or [PAPER_THRESHOLD])]
+    thresholds = list(dict.fromkeys(canonical_threshold_key(t) for t in (args.threshold or [PAPER_THRESHOLD])))
     instance = dg.DagsterInstance.get()
     partitions = definitions.keys.THRESHOLD_PARTITIONS
     existing = set(instance.get_dynamic_partitions(partitions.name))
-    new = [t for t in dict.fromkeys(thresholds) if t not in existing]
+    new = [t for t in thresholds if t not in existing]
     if new:
         instance.add_dynamic_partitions(partitions.name, new)
 
     job = definitions.defs.resolve_job_def(definitions.main_job.name)
-    run_config = {
-        "ops": {"concur_ingestion": {"config": {"source": args.source}}},
-        "resources": {"verifier": {"config": {"execute": args.execute,
-                                              "compile_without_gpu": args.compile_without_gpu,
-                                              "verdict_store_dir": _verdict_store_dir(args.verdict_store),
-                                              "accept_verdicts_from": list(args.accept_verdicts_from)}}},
-    }
-    ok = True
-    for index, threshold in enumerate(dict.fromkeys(thresholds)):
+    resources = {"verifier": {"config": {"execute": args.execute,
+                                         "compile_without_gpu": args.compile_without_gpu,
+                                         "verdict_store_dir": verdict_store,
+                                         "accept_verdicts_from": list(args.accept_verdicts_from)}}}
+    ingestion = {"source": args.source,
+                 "allow_source_change": args.allow_source_change or args.force,
+                 "allow_empty": args.allow_empty or args.force}
+    logging = {} if args.verbose else _quiet_run_config()
+    print(f"dice run: ingesting {source.name}, thresholds {', '.join(thresholds)}", flush=True)
+    summary = RunSummary()
+    for index, threshold in enumerate(thresholds):
         # Ingestion and verification do not depend on the threshold: run them once, then only the partitioned part.
-        selection = None if index == 0 else definitions.THRESHOLD_DEPENDENT_ASSETS
+        run_config = {"resources": resources, **logging}
+        if index == 0:
+            run_config["ops"] = {"concur_ingestion": {"config": ingestion}}
         result = job.execute_in_process(
-            run_config=run_config if index == 0 else {"resources": run_config["resources"]},
+            run_config=run_config,
             instance=instance,
             partition_key=threshold,
-            asset_selection=selection,
+            asset_selection=None if index == 0 else definitions.THRESHOLD_DEPENDENT_ASSETS,
             raise_on_error=False,
         )
-        print(f"threshold {threshold}: run {result.run_id} {'succeeded' if result.success else 'FAILED'}")
-        ok = ok and result.success
+        summary.add(threshold, result, instance, definitions.THRESHOLD_DEPENDENT_ASSETS)
+        if index == 0 and not result.success and len(thresholds) > 1:
+            # The other thresholds would filter what is in the warehouse, not what this run was asked to ingest.
+            summary.not_run.append(f"thresholds {', '.join(thresholds[1:])}")
+            break
+    if summary.source_errors:
+        # The source turned out unreadable once opened (e.g. not a Parquet file): that one line is the news.
+        for error in summary.source_errors:
+            print(f"dice run: source error: {error}", file=sys.stderr)
+        return summary.exit_code
+    for line in summary.lines():
+        print(line)
     print(f"Dagster home: {home}  (open the UI with `dice dev`)")
-    return 0 if ok else 1
+    return summary.exit_code
 
 
 def _verdict_store_dir(path: str) -> str:

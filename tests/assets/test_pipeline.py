@@ -104,10 +104,11 @@ def test_downstream_goes_stale_only_when_the_thresholds_result_changes(env, tmp_
     run_all(rows, "a.jsonl")
     assert get_stale_status_resolver(instance, everything).get_status(downstream_of_filter.key, "2.0") == \
         StaleStatus.FRESH
+    # The same source with new content (another source would be refused without allow_source_change).
     # Same kept set (pair-0 now has a new, still-too-low speedup): the 2.0 result is unchanged, nothing is stale.
-    assert status_after_refilter([pair_factory(0, speedup=1.1), rows[1]], "b.jsonl") == StaleStatus.FRESH
+    assert status_after_refilter([pair_factory(0, speedup=1.1), rows[1]], "a.jsonl") == StaleStatus.FRESH
     # pair-0 now passes 2.0: the result changed, so what was built from it is stale.
-    assert status_after_refilter([pair_factory(0, speedup=2.5), rows[1]], "c.jsonl") == StaleStatus.STALE
+    assert status_after_refilter([pair_factory(0, speedup=2.5), rows[1]], "a.jsonl") == StaleStatus.STALE
 
 
 def test_non_canonical_threshold_partition_fails_with_the_canonical_key(env, tmp_path, pair_factory):

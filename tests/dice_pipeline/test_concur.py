@@ -175,3 +175,42 @@ def test_code_saved_as_a_markdown_answer_is_unwrapped_and_the_row_says_so(tmp_pa
     (reject,) = rejects.iter_rows(named=True)
     assert reject["reason_code"] == "unparseable_candidate" and reject["uuid"] == "pair-2"
     assert json.loads(reject["row_json"])["generated_code"] == broken["generated_code"]
+
+
+def test_missing_or_misshapen_paths_are_named_before_reading(tmp_path):
+    with pytest.raises(SourceError, match=f"parquet source {tmp_path / 'missing.parquet'} does not exist"):
+        ConcurSource("parquet", str(tmp_path / "missing.parquet")).check_exists()
+    with pytest.raises(SourceError, match="is a directory"):
+        ConcurSource("jsonl", str(tmp_path)).check_exists()
+    ConcurSource("embedded").check_exists()
+
+
+def test_content_hash_follows_the_rows_not_the_file_format(tmp_path, rows):
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    pq.write_table(_table(rows), tmp_path / "p.parquet")
+    as_jsonl = concur.ingest_source(ConcurSource.parse(str(jsonl)))
+    as_parquet = concur.ingest_source(ConcurSource.parse(str(tmp_path / "p.parquet")))
+    assert as_jsonl.source_sha256 == as_parquet.source_sha256
+    jsonl.write_text("\n".join(json.dumps(r) for r in rows[:2]) + "\n")
+    assert concur.ingest_source(ConcurSource.parse(str(jsonl))).source_sha256 != as_jsonl.source_sha256
+
+
+def test_overwrite_refusal_needs_the_users_say_so():
+    refuse = concur.overwrite_refusal
+    assert refuse(None, "jsonl:a", accepted=3, rows_read=3) is None  # first ingestion
+    assert refuse("jsonl:a", "jsonl:a", accepted=3, rows_read=4) is None  # new content, same source
+    assert "no accepted rows (2 rows read" in refuse(None, "jsonl:a", accepted=0, rows_read=2)
+    assert refuse(None, "jsonl:a", accepted=0, rows_read=2, allow_empty=True) is None
+    switched = refuse("embedded", "jsonl:a", accepted=3, rows_read=3)
+    assert "from embedded, not jsonl:a" in switched and "--allow-source-change" in switched
+    assert refuse("embedded", "jsonl:a", accepted=3, rows_read=3, allow_source_change=True) is None
+
+
+def test_a_file_of_the_wrong_format_is_a_source_error_naming_it(tmp_path):
+    (tmp_path / "pairs.parquet").write_text("not parquet\n")
+    with pytest.raises(SourceError, match=f"parquet source {tmp_path / 'pairs.parquet'} is not a readable Parquet"):
+        ingest(ConcurSource.parse(str(tmp_path / "pairs.parquet")))
+    (tmp_path / "folder").mkdir()
+    with pytest.raises(SourceError, match="is not a save_to_disk folder"):
+        ingest(ConcurSource("disk", str(tmp_path / "folder")))

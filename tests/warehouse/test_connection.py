@@ -7,7 +7,7 @@ import polars as pl
 import pytest
 
 from dice_pipeline.schemas import TableSpec
-from warehouse import TABLES, Warehouse, install_lineage_views
+from warehouse import TABLES, Provenance, Warehouse, install_lineage_views
 
 SPEC = TableSpec("demo", "scores", pl.Schema({"threshold_key": pl.String, "uuid": pl.String,
                                                "score": pl.Float64, "tags": pl.List(pl.String)}), "threshold_key")
@@ -75,6 +75,76 @@ def test_concurrent_writers_in_separate_processes_are_serialized(tmp_path):
 def test_lineage_views_install_on_an_empty_warehouse(tmp_path):
     wh = Warehouse(tmp_path / "w.duckdb")
     install_lineage_views(wh)
-    for view in ("pair_verification", "filter_lineage", "threshold_summary", "rejections"):
+    for view in ("pair_verification", "filter_lineage", "threshold_summary", "rejections", "table_sources"):
         assert wh.query(f"SELECT count(*) AS n FROM lineage.{view}")["n"][0] == 0
     assert set(TABLES) >= {"concur_pairs", "verified_pairs", "speedup_filtered_pairs"}
+
+
+def test_each_write_records_its_source_and_the_views_mark_stale_builds(tmp_path):
+    wh = Warehouse(tmp_path / "w.duckdb")
+    upstream = TableSpec("demo", "concur_pairs", PLAIN.schema)
+    wh.write(upstream, pl.DataFrame({"uuid": ["a"], "n": [1]}, schema=PLAIN.schema),
+             provenance=Provenance("jsonl:a.jsonl", "aaa"))
+    for key in ("1.5", "2.0"):
+        wh.write(SPEC, _frame(key, 1), key, provenance=Provenance("jsonl:a.jsonl", "aaa", "concur_pairs"))
+    assert wh.provenance("concur_pairs") == Provenance("jsonl:a.jsonl", "aaa")
+    assert wh.provenance("scores", "2.0").derived_from == "concur_pairs"
+    # The source changes and only 2.0 is rebuilt: 1.5 is now from another source than the pairs, and says so.
+    wh.write(upstream, pl.DataFrame({"uuid": ["b"], "n": [2]}, schema=PLAIN.schema),
+             provenance=Provenance("parquet:b.parquet", "bbb"))
+    wh.write(SPEC, _frame("2.0", 1), "2.0", provenance=Provenance("parquet:b.parquet", "bbb", "concur_pairs"))
+    install_lineage_views(wh)
+    rows = wh.query("SELECT table_name, partition_key, source_name, stale FROM lineage.table_sources "
+                    "WHERE table_name IN ('concur_pairs', 'scores') ORDER BY 1, 2").rows()
+    assert rows == [("concur_pairs", "", "parquet:b.parquet", False),
+                    ("scores", "1.5", "jsonl:a.jsonl", True),
+                    ("scores", "2.0", "parquet:b.parquet", False)]
+
+
+KILLED_WRITER_SCRIPT = r"""
+import sys, time
+from contextlib import contextmanager
+import polars as pl
+from warehouse import Provenance, Warehouse
+from warehouse.connection import Warehouse as Base
+
+class CommitsSlowly(Warehouse):
+    # Stops right before COMMIT, after the old rows were deleted and the new ones inserted, so the test can kill it.
+    @contextmanager
+    def connect(self):
+        with Base.connect(self) as con:
+            class Proxy:
+                def __getattr__(self, name):
+                    return getattr(con, name)
+                def execute(self, sql, *args):
+                    if sql == "COMMIT":
+                        print("before commit", flush=True)
+                        time.sleep(120)
+                    return con.execute(sql, *args)
+            yield Proxy()
+
+schema = pl.Schema({"uuid": pl.String, "n": pl.Int64})
+from dice_pipeline.schemas import TableSpec
+spec = TableSpec("demo", "plain", schema)
+CommitsSlowly(sys.argv[1]).write(spec, pl.DataFrame({"uuid": [f"new{i}" for i in range(1000)], "n": range(1000)},
+                                                   schema=schema), provenance=Provenance("new", "n"))
+"""
+
+
+def test_a_writer_killed_before_commit_leaves_the_previous_table_and_source(tmp_path):
+    import os
+    import signal
+
+    path = tmp_path / "w.duckdb"
+    wh = Warehouse(path)
+    wh.write(PLAIN, pl.DataFrame({"uuid": ["old"], "n": [1]}, schema=PLAIN.schema), provenance=Provenance("old", "o"))
+    writer = subprocess.Popen([sys.executable, "-c", KILLED_WRITER_SCRIPT, str(path)], stdout=subprocess.PIPE,
+                              text=True)
+    assert writer.stdout.readline().strip() == "before commit"
+    os.kill(writer.pid, signal.SIGKILL)
+    assert writer.wait(timeout=30) == -signal.SIGKILL
+    assert wh.read(PLAIN).rows() == [("old", 1)]
+    assert wh.provenance("plain") == Provenance("old", "o")
+    # The file is usable afterwards: the lock went with the process, the next write commits.
+    wh.write(PLAIN, pl.DataFrame({"uuid": ["next"], "n": [2]}, schema=PLAIN.schema))
+    assert wh.read(PLAIN)["uuid"].to_list() == ["next"]

@@ -1,0 +1,155 @@
+"""`dice run` tells the truth: a short summary with the numbers, a non-zero exit when a check failed, nothing was
+accepted or an overwrite was refused, one line for a source error, Dagster's event stream only with --verbose, and a
+run killed mid-ingestion leaves the previous tables as they were."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from warehouse import Warehouse
+
+# A one-task stand-in for KernelBench (CuKe decontaminates against it), so the tests need no shared data.
+KERNELBENCH_TASK = {
+    "level": 1, "problem_id": 1, "name": "1_Square_matrix_multiplication_",
+    "code": "import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def forward(self, A, B):\n"
+            "        return torch.matmul(A, B)\n\ndef get_inputs():\n"
+            "    return [torch.randn(64, 64), torch.randn(64, 64)]\n\ndef get_init_inputs():\n    return []\n",
+}
+GARBAGE = '{"uuid": "a", "pytorch_code": \n{"uuid": "b", "generated_code": "x"}\n'
+
+
+@pytest.fixture
+def dice(tmp_path, run_dice):
+    tasks = tmp_path / "kernelbench.jsonl"
+    tasks.write_text(json.dumps(KERNELBENCH_TASK) + "\n")
+
+    def run(*args):
+        return run_dice("run", *args, DICE_KERNELBENCH_TASKS=str(tasks))
+
+    return run
+
+
+def _write(tmp_path, name, rows):
+    path = tmp_path / name
+    path.write_text(rows if isinstance(rows, str) else "\n".join(json.dumps(r) for r in rows) + "\n")
+    return str(path)
+
+
+def _source_a(tmp_path, pair_factory):
+    bad = pair_factory(9)
+    bad["generated_code"] = "import torch\n"  # no ModelNew: rejected at ingestion
+    return _write(tmp_path, "a.jsonl", [pair_factory(i, speedup=s) for i, s in enumerate([1.0, 1.6, 2.4])] + [bad])
+
+
+def _tables(tmp_path):
+    wh = Warehouse(tmp_path / "w.duckdb")
+    return (wh.query("SELECT uuid FROM ingest.concur_pairs ORDER BY uuid")["uuid"].to_list(),
+            wh.query("SELECT threshold_key, uuid FROM filter.speedup_filtered_pairs ORDER BY ALL").rows())
+
+
+def test_source_errors_are_one_line_naming_the_path(tmp_path, dice):
+    missing = dice("--source", "missing.parquet")
+    assert missing.returncode == 2 and missing.stdout == ""
+    assert missing.stderr.splitlines() == ["dice run: source error: parquet source missing.parquet does not exist"]
+    unknown = dice("--source", "pairs.xlsx")
+    assert unknown.returncode == 2 and unknown.stdout == ""
+    (line,) = unknown.stderr.splitlines()
+    assert "cannot tell what kind of source 'pairs.xlsx' is" in line
+    assert not (tmp_path / "w.duckdb").exists()  # nothing ran
+
+
+@pytest.mark.slow
+def test_a_source_found_unreadable_once_opened_is_one_line_too(tmp_path, dice):
+    (tmp_path / "pairs.parquet").write_text("not parquet at all\n")
+    result = dice("--source", "pairs.parquet")
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("dice run: source error: parquet source pairs.parquet is not a readable Parquet file (")
+    assert result.stdout.splitlines() == ["dice run: ingesting parquet:pairs.parquet, thresholds 2.0"]
+
+
+@pytest.mark.slow
+def test_summary_numbers_and_exit_codes(tmp_path, dice, pair_factory):
+    source = _source_a(tmp_path, pair_factory)
+    ok = dice("--source", source, "--threshold", "2.0", "--threshold", "1.5")
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    lines = ok.stdout.splitlines()
+    assert f"source: jsonl:{source}" in lines[1]
+    assert "ingest: 4 rows read, 3 accepted, 1 rejected (no_model_new 1)" in lines
+    assert "threshold 2.0: 1 of 3 pairs kept, 1 CuKe samples" in lines
+    assert "threshold 1.5: 2 of 3 pairs kept, 2 CuKe samples" in lines
+    assert "checks failed: none" in lines
+    # Quiet by default: no Dagster event stream, no warnings from our code.
+    assert len(lines) < 15 and ok.stderr == "", ok.stderr[-3000:]
+    assert _tables(tmp_path) == (["pair-0", "pair-1", "pair-2"], [("1.5", "pair-1"), ("1.5", "pair-2"),
+                                                                   ("2.0", "pair-2")])
+    before = _tables(tmp_path)
+
+    # A source whose every row is rejected: refused, nothing replaced, exit 1.
+    garbage = _write(tmp_path, "garbage.jsonl", GARBAGE)
+    refused = dice("--source", garbage)
+    assert refused.returncode == 1
+    assert "ingest: 2 rows read, 0 accepted, 2 rejected (missing_required_column 1, unparseable_row 1)" in \
+        refused.stdout
+    assert "refused: concur_ingestion: source jsonl:" in refused.stdout and "--allow-empty" in refused.stdout
+    assert _tables(tmp_path) == before
+
+    # Forced: the empty ingestion is written, its blocking check fails, nothing downstream runs or is replaced.
+    forced = dice("--source", garbage, "--force")
+    assert forced.returncode == 1
+    assert "  concur_pairs non_empty (blocking): no pair of jsonl:" in forced.stdout
+    not_run = next(line for line in forced.stdout.splitlines() if line.startswith("not run"))
+    assert "verified_pairs" in not_run and "speedup_filtering" in not_run and "cuke_samples" in not_run
+    assert _tables(tmp_path) == ([], before[1])
+
+    # A threshold that keeps nothing: written (it is a result), but its non_empty check warns and the exit says so.
+    high = dice("--source", source, "--threshold", "99", "--allow-source-change")
+    assert high.returncode == 1
+    assert "threshold 99.0: 0 of 3 pairs kept" in high.stdout
+    assert "speedup_filtered_pairs[99.0] non_empty (warn)" in high.stdout
+
+
+@pytest.mark.slow
+def test_source_switch_is_refused_then_forced_and_verbose_shows_the_events(tmp_path, dice, pair_factory):
+    assert dice("--source", _source_a(tmp_path, pair_factory)).returncode == 0
+    before = _tables(tmp_path)
+    other = _write(tmp_path, "b.jsonl", [pair_factory(7, speedup=3.0)])
+    refused = dice("--source", other)
+    assert refused.returncode == 1
+    assert f"refused: concur_ingestion: the warehouse holds pairs ingested from jsonl:{tmp_path}/a.jsonl, not " \
+           f"jsonl:{other}" in refused.stdout
+    assert _tables(tmp_path) == before
+    forced = dice("--source", other, "--allow-source-change", "--verbose")
+    assert forced.returncode == 0, forced.stdout[-3000:]
+    assert _tables(tmp_path) == (["pair-7"], [("2.0", "pair-7")])
+    assert "STEP_SUCCESS" in forced.stderr and "ASSET_CHECK_EVALUATION" in forced.stderr  # the event stream
+
+
+@pytest.mark.slow
+def test_a_run_killed_mid_ingestion_leaves_the_previous_tables(tmp_path, dice, pair_factory):
+    assert dice("--source", _source_a(tmp_path, pair_factory)).returncode == 0
+    before = _tables(tmp_path)
+    # Large enough that reading and validating it takes seconds (about 4000 rows a second here).
+    big = _write(tmp_path, "big.jsonl", [pair_factory(i) for i in range(30000)])
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home"),
+           "DICE_WAREHOUSE_PATH": str(tmp_path / "w.duckdb"), "DICE_ARTIFACTS_DIR": str(tmp_path / "artifacts")}
+    env.pop("DICE_CONCUR_SOURCE", None)
+    command = [sys.executable, "-m", "dice_pipeline.cli", "run", "--source", big, "--allow-source-change", "--verbose"]
+    run = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                           text=True)
+    try:
+        for line in run.stderr:
+            if "ingesting ConCuR pairs from" in line:
+                break
+        assert run.poll() is None, "the run ended before it could be killed mid-ingestion"
+        os.kill(run.pid, signal.SIGKILL)
+        assert run.wait(timeout=60) == -signal.SIGKILL
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert _tables(tmp_path) == before
+    assert Warehouse(tmp_path / "w.duckdb").provenance("concur_pairs").source_name == f"jsonl:{tmp_path}/a.jsonl"
