@@ -106,20 +106,16 @@ def judge_sanity(case: SanityCase, verdict: Verdict) -> dict[str, Any]:
     """Whether the verdict is what the case must produce. `asserted`: `executed` when the GPU stage ran, `static`
     when only the static checks could (no GPU); `passed` is then judged on what those can tell."""
     status = verdict.status
+    on_gpu = bool((verdict.provenance or {}).get("gpu"))
+    asserted = "executed" if on_gpu and status != Status.NOT_EXECUTED else "static"
     if case.check == "reference_as_modelnew":
         passed = status == Status.DECEPTIVE
-        asserted = "executed" if (verdict.provenance or {}).get("gpu") else "static"
+    elif asserted == "static":
+        passed = status == Status.NOT_EXECUTED  # honest CUDA: the static checks (and any build) must let it through
     elif case.check == "zeros_kernel":
-        if status == Status.NOT_EXECUTED:
-            passed, asserted = True, "static"  # honest CUDA that the static checks must let through
-        else:
-            passed = status == Status.INCORRECT or "degenerate_task" in verdict.flags
-            asserted = "executed"
+        passed = status == Status.INCORRECT or "degenerate_task" in verdict.flags
     else:
-        if status == Status.NOT_EXECUTED:
-            passed, asserted = True, "static"
-        else:
-            passed, asserted = status == Status.CORRECT, "executed"
+        passed = status == Status.CORRECT
     return {"check": case.check, "subject": case.subject, "expected": case.expected, "status": status.value,
             "reason_codes": verdict.reason_codes(), "flags": list(verdict.flags), "passed": passed,
             "asserted": asserted, "summary": verdict.summary()}
