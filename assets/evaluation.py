@@ -213,7 +213,8 @@ def kernelbench_evaluation(context: dg.AssetExecutionContext, config: Evaluation
     baselines = [{"task_id": r["task_key"], "status": r["status"], "eager_ms_gpu": r["eager_ms_gpu"],
                   "compile_ms_gpu": r["compile_ms_gpu"]} for r in kernelbench_baselines.iter_rows(named=True)]
     evaluation = evaluate_level(
-        _tasks_from_frame(kernelbench_tasks), checkpoint=name, level=level, generate=_generator(model, config, settings),
+        _tasks_from_frame(kernelbench_tasks), checkpoint=name, level=level,
+        generate=_generator(model, config, settings),
         config=_evaluation_verify_config(verifier), state_dir=state_dir, samples=config.samples,
         baselines=baselines, sanity=config.sanity_rows, generation_batch=config.batch_size, log=context.log.info,
         pass_k=config.pass_k)
@@ -241,9 +242,10 @@ def kernelbench_evaluation(context: dg.AssetExecutionContext, config: Evaluation
         "report": dg.MetadataValue.md(comparison_markdown(evaluation.metrics)),
     })
     failed = [f"{r['check']}:{r['subject']}" for r in evaluation.sanity if not r["passed"]]
+    asserted = sorted({row["asserted"] for row in evaluation.sanity})
     yield dg.AssetCheckResult(check_name="sanity_rows_come_out_right", asset_key=keys.KERNELBENCH_EVAL_SANITY,
                               passed=not failed, metadata={"failed": ", ".join(failed) or "none",
-                                                           "asserted": ", ".join(sorted({r["asserted"] for r in evaluation.sanity})) or "none"})
+                                                           "asserted": ", ".join(asserted) or "none"})
     yield dg.AssetCheckResult(check_name="every_task_scored", asset_key=keys.KERNELBENCH_EVAL_METRICS,
                               passed=evaluation.complete and all(r["n_tasks"] == kernelbench_tasks.height
                                                                  for r in evaluation.metrics),

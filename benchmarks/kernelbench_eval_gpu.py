@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> int:
         _write(args.out_dir / "summary.json", summary)
         for row in metrics:
             log(f"{name} L{args.level} tol {row['tolerance']}: tasks {row['n_tasks']} compile "
-                f"{100 * row['compile_rate']:.0f}% Exec {100 * row['exec_rate']:.0f}% fast_1 {100 * row['fast_1']:.0f}% "
+                f"{100 * row['compile_rate']:.0f}% Exec {100 * row['exec_rate']:.0f}% "
+                f"fast_1 {100 * row['fast_1']:.0f}% "
                 f"fast_2 {100 * row['fast_2']:.0f}% not_executed {row['n_not_executed']} missing {row['n_missing']}")
         log(f"complete={summary['complete']} stopped_early={summary.get('stopped_early')} "
             f"sanity_passed={summary['sanity_passed']} wall={summary['wall_s']}s"

@@ -22,7 +22,8 @@ BASELINE_STATUSES = ("measured", "not_executed", "runtime_error", "timeout", "in
 def _not_executed(task_id: str, message: str) -> dict[str, Any]:
     return {"task_id": task_id, "status": "not_executed", "message": message, "eager_ms_gpu": None,
             "eager_ms_host": None, "compile_ms_gpu": None, "peak_gpu_mb": None, "input_draw": None,
-            "provenance": {"host": platform.node(), "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}}
+            "provenance": {"host": platform.node(),
+                           "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}}
 
 
 def normalise_baseline_row(row: dict[str, Any]) -> dict[str, Any]:

@@ -96,7 +96,8 @@ class CheckpointGenerator:
         if eos is None:
             eos = self.tokenizer.eos_token_id
         ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in self.tokenizer.get_vocab() else None
+        vocab = self.tokenizer.get_vocab()
+        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in vocab else None
         return ids + ([im_end] if im_end is not None and im_end not in ids else [])
 
     def _prompt_ids(self, task: KernelBenchTask) -> list[int]:

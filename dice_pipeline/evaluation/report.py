@@ -29,8 +29,8 @@ def comparison_markdown(metric_rows: Sequence[dict[str, Any]]) -> str:
              f"Exec / fast1 / fast2 in % of all tasks of a level. fast_p: correct and speedup strictly greater than "
              f"p over eager PyTorch measured on the same GPU in the same worker (`speedup_{FAST_P_CONVENTION}`: "
              "GPU-time convention, flush and call enqueued back to back, as KernelBench / do_bench; "
-             "`speedup_host` shown in the detail table). `*`: the evaluation ran without a GPU or some tasks were not executed: those rates "
-             "are not measured results.", ""]
+             "`speedup_host` shown in the detail table). `*`: the evaluation ran without a GPU or some tasks were "
+             "not executed: those rates are not measured results.", ""]
     for tolerance in ("1e-2", "1e-4"):
         rows = [r for r in metric_rows if r["tolerance"] == tolerance]
         lines += [f"## atol = rtol = {tolerance}" + (" (the paper's tolerance)" if tolerance == "1e-2" else

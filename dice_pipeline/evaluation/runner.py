@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dice_pipeline.kernelbench import KernelBenchTask
 from dice_pipeline.evaluation.metrics import INFRASTRUCTURE_ERROR, TaskOutcome, status_value
+from dice_pipeline.kernelbench import KernelBenchTask
 from dice_pipeline.verify.config import VerifyJob
 from dice_pipeline.verify.verdict import Reason, Status, Verdict
 

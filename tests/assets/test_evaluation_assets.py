@@ -14,7 +14,9 @@ from dice_pipeline.evaluation.registry import EvalModel, register
 from dice_pipeline.resources import KernelVerifier, WarehouseIOManager, WarehouseResource
 from warehouse import Warehouse, table_for
 
-TASK = "import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n\n    def forward(self, x):\n        return {op}\n\nbatch_size = 4\ndim = 16\n\ndef get_inputs():\n    return [torch.rand(batch_size, dim)]\n\ndef get_init_inputs():\n    return []\n"
+TASK = ("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def __init__(self):\n"
+        "        super().__init__()\n\n    def forward(self, x):\n        return {op}\n\nbatch_size = 4\ndim = 16\n\n"
+        "def get_inputs():\n    return [torch.rand(batch_size, dim)]\n\ndef get_init_inputs():\n    return []\n")
 TASKS = [(1, "1_Double", "x * 2"), (19, "19_ReLU", "torch.relu(x)"), (23, "23_Softmax", "torch.softmax(x, dim=1)")]
 
 
