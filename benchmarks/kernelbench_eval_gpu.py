@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import platform
+import signal
 import sys
 import time
 import traceback
@@ -69,12 +70,16 @@ def _baseline_rows(tasks, config, kinds, state_path: Path, deadline: float, chun
                 or (kind == "compile" and (rows.get(t.key) or {}).get("compile_ms_gpu") is None)]
         if kind == "compile":
             todo = [t for t in todo if (rows.get(t.key) or {}).get("status") == "measured"]
+        longest = 0.0
         for start in range(0, len(todo), chunk):
-            if time.monotonic() >= deadline:
+            if time.monotonic() + longest >= deadline:
                 log(f"baselines ({kind}): deadline reached, {len(todo) - start} tasks left for the next run")
                 break
             part = todo[start:start + chunk]
-            for row in measure_baselines(part, config, baselines=(kind,)):
+            began = time.monotonic()
+            measured = measure_baselines(part, config, baselines=(kind,))
+            longest = max(longest, time.monotonic() - began)
+            for row in measured:
                 old = rows.get(row["task_id"]) or {}
                 if kind == "compile":  # keep the eager numbers, add the compiled one
                     row = {**old, "compile_ms_gpu": row.get("compile_ms_gpu"),
@@ -86,6 +91,16 @@ def _baseline_rows(tasks, config, kinds, state_path: Path, deadline: float, chun
             if rows and all(r.get("status") == "not_executed" for r in rows.values()):
                 break  # no GPU or no measure_references: every further call says the same
     return rows
+
+
+def _stored_results(tasks, state_dir: Path, samples: int, executes: bool):
+    """What the state directory holds, judged by nobody: the rows to write when a run was cut short."""
+    return run_evaluation(tasks, state_dir=state_dir, generate=None, judge=lambda jobs, on_result: [],
+                          samples=samples, can_execute=executes, log=lambda message: None, progress=False)
+
+
+def _terminated(signum, frame):
+    raise SystemExit(f"terminated by signal {signum}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     state_dir = args.state_dir or ROOT / ".cache" / "kernelbench_eval_gpu" / name / f"level{args.level}"
     summary: dict = {"checkpoint": args.checkpoint, "name": name, "level": args.level, "state_dir": str(state_dir),
                      "host": platform.node(), "budget_s": args.budget_s, "phases": {}, "error": None}
-    results, metrics, sanity, baselines = [], [], [], {}
+    results, metrics, sanity, baselines, tasks, run, executes = [], [], [], {}, [], None, False
+    signal.signal(signal.SIGTERM, _terminated)  # a time limit's kill still leaves the files written
+    pass_k = [1, args.samples] if args.samples > 1 else []
     try:
         config = evaluation_verify_config(
             execute=False if args.no_execute else None,
@@ -154,9 +171,6 @@ def main(argv: list[str] | None = None) -> int:
         kinds = [k for k in args.baselines.split(",") if k]
         baselines = _baseline_rows(tasks, config, kinds, state_dir / "baselines.json", deadline, 10, log)
         summary["phases"]["baselines_s"] = round(time.monotonic() - t0, 1)
-        results = [result_row(name, r, baselines.get(r.task.key)) for r in run.results]
-        metrics = [{"checkpoint": name, "level": args.level, "executed": executes,
-                    "complete": run.stopped_early is None, **row} for row in evaluation_metrics(run.outcomes())]
 
         if not args.no_sanity and time.monotonic() < deadline:
             t0 = time.monotonic()
@@ -170,6 +184,18 @@ def main(argv: list[str] | None = None) -> int:
         summary["error"] = f"{type(error).__name__}: {error}"
         log(traceback.format_exc())
     finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        try:
+            if run is None and tasks:
+                run = _stored_results(tasks, state_dir, args.samples, executes)
+                summary["stopped_early"] = "interrupted: results are what the state directory held"
+            if run is not None:
+                results = [result_row(name, r, baselines.get(r.task.key)) for r in run.results]
+                complete = run.stopped_early is None and summary["error"] is None
+                metrics = [{"checkpoint": name, "level": args.level, "executed": executes, "complete": complete, **row}
+                           for row in evaluation_metrics(run.outcomes(), pass_k=pass_k)]
+        except Exception as error:  # noqa: BLE001
+            summary["error"] = (summary["error"] or "") + f"; results not rebuilt: {type(error).__name__}: {error}"
         summary["wall_s"] = round(time.monotonic() - started, 1)
         summary["forbidden_modules_loaded"] = [m for m in FORBIDDEN_ON_GPU_HOST if m in sys.modules]
         summary["fast_p_convention"] = f"speedup_{FAST_P_CONVENTION}"

@@ -131,8 +131,21 @@ class _Progress:
             self.bar.close()
 
 
-def _past(deadline: float | None) -> bool:
-    return deadline is not None and time.monotonic() >= deadline
+class _Budget:
+    """Starts a batch or chunk only if the longest one so far would still end before the deadline, so a time-boxed
+    run stops in time to write its results instead of being killed in the middle of a step."""
+
+    def __init__(self, deadline: float | None):
+        self.deadline, self.longest, self.started = deadline, 0.0, None
+
+    def allows_another(self) -> bool:
+        return self.deadline is None or time.monotonic() + self.longest < self.deadline
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+
+    def finish(self) -> None:
+        self.longest = max(self.longest, time.monotonic() - self.started)
 
 
 def run_evaluation(tasks: Sequence[KernelBenchTask], *, state_dir: str | os.PathLike, generate: GenerateFn | None,
@@ -141,7 +154,8 @@ def run_evaluation(tasks: Sequence[KernelBenchTask], *, state_dir: str | os.Path
                    log: Callable[[str], None] = print, progress: bool = True) -> EvaluationRun:
     """Generate `samples` answers per task (what the state directory lacks), then judge every answer without a
     final verdict. `generate=None` judges stored generations only. `judge_chunk` > 0 judges in chunks of that many
-    jobs, checking `deadline` (a time.monotonic() value) between chunks; generation checks it between batches."""
+    jobs. With a `deadline` (a time.monotonic() value), no generation batch or judging chunk starts that would end
+    after it, judged by the longest one so far."""
     state = EvaluationState(state_dir)
     run = EvaluationRun()
     generations: dict[tuple[str, int], dict[str, Any]] = {}
@@ -157,13 +171,16 @@ def run_evaluation(tasks: Sequence[KernelBenchTask], *, state_dir: str | os.Path
 
     if missing and generate is not None:
         bar = _Progress(len(missing), "generate", log, progress)
+        budget = _Budget(deadline)
         try:
             for start in range(0, len(missing), max(1, generation_batch)):
-                if _past(deadline):
+                if not budget.allows_another():
                     run.stopped_early = f"deadline reached with {len(missing) - start} tasks not generated"
                     break
                 batch = missing[start:start + generation_batch]
+                budget.start()
                 answers = generate(batch, seed)
+                budget.finish()
                 for task, task_samples in zip(batch, answers):
                     for k, sample in enumerate(task_samples[:samples]):
                         state.put_generation(task.key, k, sample)
@@ -210,13 +227,16 @@ def run_evaluation(tasks: Sequence[KernelBenchTask], *, state_dir: str | os.Path
             bar.step(f"{job.job_id}: {verdict.summary()}")
 
         chunk = judge_chunk if judge_chunk > 0 else len(jobs)
+        budget = _Budget(deadline)
         try:
             for start in range(0, len(jobs), chunk):
-                if _past(deadline):
+                if not budget.allows_another():
                     run.stopped_early = f"deadline reached with {len(jobs) - start} answers not judged"
                     break
                 part = jobs[start:start + chunk]
+                budget.start()
                 returned = judge(part, on_result)
+                budget.finish()
                 for job, verdict in zip(part, returned):  # a judge that never called on_result still counts
                     task, k = job_keys[job.job_id]
                     if (task.key, k) not in verdicts:

@@ -56,3 +56,20 @@ def test_cpu_dry_run_writes_everything_and_resumes(tmp_path):
     assert second.returncode == 0
     summary = json.loads((out / "summary.json").read_text())
     assert summary["generated_now"] == 0 and summary["judged_now"] == 0  # all read back from the state directory
+
+
+def test_a_crash_still_writes_every_file_with_what_there_is(tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"level": 1, "problem_id": 1, "name": "1_Double", "code": TASK.format(op="x * 2")})
+                     + "\n")
+    command = [sys.executable, str(ROOT / "benchmarks" / "kernelbench_eval_gpu.py"), str(tmp_path / "out"),
+               "--checkpoint", str(tmp_path / "no_such_checkpoint"), "--tasks-file", str(tasks),
+               "--state-dir", str(tmp_path / "state"), "--no-sanity"]
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "DICE_VERIFY_CACHE": str(tmp_path / "builds")}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert result.returncode == 1
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["error"] and not summary["complete"]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert [(r["task_key"], r["status"]) for r in rows] == [("L1/1_Double", "missing")]
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())[0]["n_missing"] == 1

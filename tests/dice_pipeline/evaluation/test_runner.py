@@ -96,3 +96,17 @@ def test_evaluate_level_on_cpu_scores_every_task_and_runs_sanity_rows(tmp_path, 
     checks = {row["check"] for row in evaluation.sanity}
     assert checks == {"reference_as_modelnew", "zeros_kernel", "known_good"}
     assert all(row["passed"] for row in evaluation.sanity), evaluation.sanity
+
+
+def test_no_chunk_starts_that_the_longest_so_far_says_would_overrun(tmp_path):
+    import time
+
+    class SlowJudge(Judge):
+        def __call__(self, jobs, on_result):
+            time.sleep(0.3)
+            return super().__call__(jobs, on_result)
+
+    judge = SlowJudge()
+    run = run_evaluation(TASKS[:3], state_dir=tmp_path, generate=CountingGenerator(), judge=judge, judge_chunk=1,
+                         deadline=time.monotonic() + 0.5, progress=False, log=lambda m: None)
+    assert len(judge.judged) == 1 and "1 answers" not in run.stopped_early and "2 answers" in run.stopped_early
