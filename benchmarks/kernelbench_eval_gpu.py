@@ -43,6 +43,10 @@ from dice_pipeline.evaluation.sanity import judge_sanity, sanity_cases, sanity_j
 from dice_pipeline.kernelbench import load_kernelbench_tasks  # noqa: E402
 
 FORBIDDEN_ON_GPU_HOST = ("dagster", "polars", "duckdb", "datasets")
+SANITY_ESTIMATE_S = 180.0
+# Tasks measured per call: torch.compile costs ~10-60 s a task, so its chunks stay small (the deadline is checked
+# between chunks, against the longest chunk so far).
+BASELINE_CHUNK = {"eager": 10, "compile": 2}
 
 
 class Log:
@@ -62,15 +66,16 @@ def _write(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
-def _baseline_rows(tasks, config, kinds, state_path: Path, deadline: float, chunk: int, log) -> dict[str, dict]:
+def _baseline_rows(tasks, config, kinds, state_path: Path, deadline: float, executes: bool, log) -> dict[str, dict]:
     """Baselines of every task, kept in `state_path` between runs; eager first for all tasks, then compile."""
     rows: dict[str, dict] = json.loads(state_path.read_text()) if state_path.is_file() else {}
     for kind in kinds:
-        todo = [t for t in tasks if (rows.get(t.key) or {}).get("status") != "measured"
-                or (kind == "compile" and (rows.get(t.key) or {}).get("compile_ms_gpu") is None)]
-        if kind == "compile":
-            todo = [t for t in todo if (rows.get(t.key) or {}).get("status") == "measured"]
-        longest = 0.0
+        if kind == "compile":  # only where eager was measured, once (a failed compile is recorded, not retried)
+            todo = [t for t in tasks if (rows.get(t.key) or {}).get("status") == "measured"
+                    and "compile_status" not in rows[t.key]]
+        else:  # never measured, or not measured last time (no GPU then, a timeout, an infrastructure error)
+            todo = [t for t in tasks if (rows.get(t.key) or {}).get("status") != "measured"]
+        longest, chunk = 0.0, BASELINE_CHUNK[kind] if executes else max(1, len(todo))
         for start in range(0, len(todo), chunk):
             if time.monotonic() + longest >= deadline:
                 log(f"baselines ({kind}): deadline reached, {len(todo) - start} tasks left for the next run")
@@ -88,8 +93,6 @@ def _baseline_rows(tasks, config, kinds, state_path: Path, deadline: float, chun
                 log(f"baseline {kind} {row['task_id']}: {row.get('status')} eager_ms_gpu={row.get('eager_ms_gpu')} "
                     f"compile_ms_gpu={row.get('compile_ms_gpu')} {row.get('message') or ''}".rstrip())
             _write(state_path, rows)
-            if rows and all(r.get("status") == "not_executed" for r in rows.values()):
-                break  # no GPU or no measure_references: every further call says the same
     return rows
 
 
@@ -120,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=1)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--baselines", default="eager,compile")
+    parser.add_argument("--judge-chunk", type=int, default=0,
+                        help="answers judged per verifier batch, the deadline checked between (default 2 x cores)")
     parser.add_argument("--no-sanity", action="store_true")
     parser.add_argument("--no-execute", action="store_true", help="static checks only, even with a GPU")
     args = parser.parse_args(argv)
@@ -160,26 +165,27 @@ def main(argv: list[str] | None = None) -> int:
             return loaded[0](batch, seed)
 
         t0 = time.monotonic()
-        chunk = max(1, config.max_parallel_builds)
+        chunk = args.judge_chunk or 2 * max(1, config.max_parallel_builds)
         run = run_evaluation(tasks, state_dir=state_dir, generate=generate, judge=verifier_judge(config),
                              samples=args.samples, can_execute=executes, generation_batch=args.batch_size,
                              judge_chunk=chunk, deadline=deadline, log=log, progress=sys.stderr.isatty())
         summary["phases"]["generate_and_judge_s"] = round(time.monotonic() - t0, 1)
         summary.update(generated_now=run.generated, judged_now=run.judged, stopped_early=run.stopped_early)
 
-        t0 = time.monotonic()
-        kinds = [k for k in args.baselines.split(",") if k]
-        baselines = _baseline_rows(tasks, config, kinds, state_dir / "baselines.json", deadline, 10, log)
-        summary["phases"]["baselines_s"] = round(time.monotonic() - t0, 1)
-
-        if not args.no_sanity and time.monotonic() < deadline:
+        # Sanity rows next (a few builds, ~2-3 min cold on a GPU host), started only with that much time left.
+        if not args.no_sanity and time.monotonic() + SANITY_ESTIMATE_S < deadline:
             t0 = time.monotonic()
             cases = sanity_cases(tasks)
             verdicts = verifier_judge(config)(sanity_jobs(cases), lambda job, v: log(f"{job.job_id}: {v.summary()}"))
             sanity = [judge_sanity(case, verdict) for case, verdict in zip(cases, verdicts)]
             summary["phases"]["sanity_s"] = round(time.monotonic() - t0, 1)
         elif not args.no_sanity:
-            log("sanity rows: deadline reached, not judged in this run")
+            log("sanity rows: not enough time left in this run; judged by the next run")
+
+        t0 = time.monotonic()
+        kinds = [k for k in args.baselines.split(",") if k]
+        baselines = _baseline_rows(tasks, config, kinds, state_dir / "baselines.json", deadline, executes, log)
+        summary["phases"]["baselines_s"] = round(time.monotonic() - t0, 1)
     except BaseException as error:  # noqa: BLE001 - write what there is, whatever stopped us
         summary["error"] = f"{type(error).__name__}: {error}"
         log(traceback.format_exc())
@@ -200,7 +206,13 @@ def main(argv: list[str] | None = None) -> int:
         summary["forbidden_modules_loaded"] = [m for m in FORBIDDEN_ON_GPU_HOST if m in sys.modules]
         summary["fast_p_convention"] = f"speedup_{FAST_P_CONVENTION}"
         summary["sanity_passed"] = all(row["passed"] for row in sanity) if sanity else None
-        summary["complete"] = bool(metrics) and all(m["complete"] for m in metrics) and summary["error"] is None
+        kinds = [k for k in args.baselines.split(",") if k]
+        summary["baselines_pending"] = sum(
+            1 for task in tasks if task.key not in baselines
+            or ("compile" in kinds and baselines[task.key].get("status") == "measured"
+                and "compile_status" not in baselines[task.key]))
+        summary["complete"] = (bool(metrics) and all(m["complete"] for m in metrics) and summary["error"] is None
+                               and summary["baselines_pending"] == 0 and (bool(sanity) or args.no_sanity))
         with (args.out_dir / "results.jsonl").open("w") as out:
             for row in results:
                 out.write(json.dumps(row, sort_keys=True, default=str) + "\n")
@@ -215,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"fast_1 {100 * row['fast_1']:.0f}% "
                 f"fast_2 {100 * row['fast_2']:.0f}% not_executed {row['n_not_executed']} missing {row['n_missing']}")
         log(f"complete={summary['complete']} stopped_early={summary.get('stopped_early')} "
+            f"baselines_pending={summary['baselines_pending']} "
             f"sanity_passed={summary['sanity_passed']} wall={summary['wall_s']}s"
             + ("" if summary["complete"] else " -> run the same command again to continue"))
     return 0 if summary["error"] is None else 1

@@ -86,7 +86,8 @@ def result_row(checkpoint: str, result, baseline: dict[str, Any] | None) -> dict
         "completion_tokens": usage.get("completion_tokens"), "latency_s": sample.get("latency_s"),
         "has_code": bool(sample.get("code")), "candidate_code": sample.get("code"), "answer_text": sample.get("text"),
         "status": "missing" if verdict is None else status_value(verdict),
-        "executed": bool(provenance.get("gpu")) and verdict is not None and verdict.status != Status.NOT_EXECUTED,
+        # ran on a GPU (as verified_pairs counts it): correctness trials were run
+        "executed": verdict is not None and verdict.status != Status.NOT_EXECUTED and verdict.trials_run is not None,
         "reason_codes": [] if verdict is None else verdict.reason_codes(),
         "flags": [] if verdict is None else list(verdict.flags),
         "correct_at_1e2": correct_at(verdict, "1e-2"), "correct_at_1e4": correct_at(verdict, "1e-4"),
