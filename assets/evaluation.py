@@ -4,6 +4,7 @@ every evaluated model beside the paper's numbers. Models are named partitions (`
 `from_pretrained` directory or OpenAI-compatible endpoint evaluates without the training assets.
 """
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -41,7 +42,8 @@ class EvaluationConfig(dg.Config):
     temperature: float = 0.0
     batch_size: int = 16
     pass_k: list[int] = []
-    state_dir: str = ""  # empty = <cache>/kernelbench_eval/<model>/level<N>: generations and verdicts, for resume
+    # empty = <cache>/kernelbench_eval/<model>-<hash of path and settings>/level<N>: generations and verdicts
+    state_dir: str = ""
     sanity_rows: bool = True
 
 
@@ -199,6 +201,7 @@ def kernelbench_evaluation(context: dg.AssetExecutionContext, config: Evaluation
     from dice_pipeline.evaluation.generation import EvalGenerationSettings
     from dice_pipeline.evaluation.registry import resolve
     from dice_pipeline.evaluation.report import comparison_markdown
+    from dice_pipeline.evaluation.runner import state_key
     from dice_pipeline.paths import cache_dir
 
     dims = context.partition_key.keys_by_dimension
@@ -209,7 +212,10 @@ def kernelbench_evaluation(context: dg.AssetExecutionContext, config: Evaluation
         decoding=config.decoding or model.decoding, block_size=config.block_size, steps=config.steps,
         max_new_tokens=config.max_new_tokens, samples=config.samples, temperature=config.temperature,
         batch_size=config.batch_size)
-    state_dir = config.state_dir or str(cache_dir() / "kernelbench_eval" / name / f"level{level}")
+    checkpoint_path = config.checkpoint_path or model.path
+    identity = {**dataclasses.asdict(model), "path": checkpoint_path, "settings": settings.to_dict()}
+    default_state = cache_dir() / "kernelbench_eval" / state_key(name, identity) / f"level{level}"
+    state_dir = config.state_dir or str(default_state)
     baselines = [{"task_id": r["task_key"], "status": r["status"], "eager_ms_gpu": r["eager_ms_gpu"],
                   "compile_ms_gpu": r["compile_ms_gpu"]} for r in kernelbench_baselines.iter_rows(named=True)]
     evaluation = evaluate_level(

@@ -38,7 +38,7 @@ from dice_pipeline.evaluation.evaluate import (  # noqa: E402
 from dice_pipeline.evaluation.generation import CheckpointGenerator, EvalGenerationSettings  # noqa: E402
 from dice_pipeline.evaluation.metrics import FAST_P_CONVENTION, evaluation_metrics  # noqa: E402
 from dice_pipeline.evaluation.report import comparison_markdown  # noqa: E402
-from dice_pipeline.evaluation.runner import run_evaluation  # noqa: E402
+from dice_pipeline.evaluation.runner import run_evaluation, state_key  # noqa: E402
 from dice_pipeline.evaluation.sanity import judge_sanity, sanity_cases, sanity_jobs  # noqa: E402
 from dice_pipeline.kernelbench import load_kernelbench_tasks  # noqa: E402
 
@@ -134,7 +134,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     log = Log(args.out_dir / "log.txt")
     name = args.name or Path(args.checkpoint).name
-    state_dir = args.state_dir or ROOT / ".cache" / "kernelbench_eval_gpu" / name / f"level{args.level}"
+    identity = {"path": str(Path(args.checkpoint).resolve()), "decoding": args.decoding,
+                "max_new_tokens": args.max_new_tokens, "samples": args.samples, "temperature": args.temperature}
+    state_dir = args.state_dir or (ROOT / ".cache" / "kernelbench_eval_gpu" / state_key(name, identity)
+                                   / f"level{args.level}")
     summary: dict = {"checkpoint": args.checkpoint, "name": name, "level": args.level, "state_dir": str(state_dir),
                      "host": platform.node(), "budget_s": args.budget_s, "phases": {}, "error": None}
     results, metrics, sanity, baselines, tasks, run, executes = [], [], [], {}, [], None, False

@@ -27,6 +27,15 @@ GenerateFn = Callable[[Sequence[KernelBenchTask], int], list[list[dict[str, Any]
 JudgeFn = Callable[[list[VerifyJob], Callable[[VerifyJob, Verdict], None]], list[Verdict]]
 
 
+def state_key(name: str, identity: dict[str, Any]) -> str:
+    """A state directory name for one model and generation setup: `name-<hash>`, so re-registering a name with
+    another checkpoint, or changing the decoding settings, never reuses the old generations."""
+    import hashlib
+
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:12]
+    return f"{name}-{digest}"
+
+
 def _file_name(task_key: str, sample_index: int) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "__", task_key) + f"__s{sample_index}.json"
 

@@ -110,3 +110,11 @@ def test_no_chunk_starts_that_the_longest_so_far_says_would_overrun(tmp_path):
     run = run_evaluation(TASKS[:3], state_dir=tmp_path, generate=CountingGenerator(), judge=judge, judge_chunk=1,
                          deadline=time.monotonic() + 0.5, progress=False, log=lambda m: None)
     assert len(judge.judged) == 1 and "1 answers" not in run.stopped_early and "2 answers" in run.stopped_early
+
+
+def test_state_key_changes_with_the_checkpoint_or_settings():
+    from dice_pipeline.evaluation.runner import state_key
+
+    base = state_key("sft", {"path": "/a", "steps": 4})
+    assert base.startswith("sft-") and base == state_key("sft", {"steps": 4, "path": "/a"})
+    assert base != state_key("sft", {"path": "/b", "steps": 4}) != state_key("sft", {"path": "/a", "steps": 2})
