@@ -83,7 +83,10 @@ class EvaluationState:
 
     def verdict(self, task_key: str, sample_index: int) -> Verdict | None:
         data = _read_json(self.root / "verdicts" / _file_name(task_key, sample_index))
-        return None if data is None else Verdict.from_dict(data)
+        try:
+            return None if data is None else Verdict.from_dict(data)
+        except (ValueError, TypeError, KeyError):
+            return None  # written by another verifier version (a status this one lacks): judged again
 
     def put_verdict(self, task_key: str, sample_index: int, verdict: Verdict) -> None:
         _write_json(self.root / "verdicts" / _file_name(task_key, sample_index), verdict.to_dict())
