@@ -66,15 +66,19 @@ def _write(path: Path, data) -> None:
     os.replace(tmp, path)
 
 
+def _needs_baseline(row: dict | None, kind: str, executes: bool) -> bool:
+    """Whether a task's baseline of this kind is still to measure: never tried, or not executed (while a GPU is
+    here), or lost to an infrastructure error. Runtime errors and timeouts of the reference stand."""
+    if kind == "compile":  # only where eager was measured, and once (a failed compile is recorded, not retried)
+        return bool(row) and row.get("status") == "measured" and "compile_status" not in row
+    return not row or row.get("status") == "infrastructure_error" or (executes and row.get("status") == "not_executed")
+
+
 def _baseline_rows(tasks, config, kinds, state_path: Path, deadline: float, executes: bool, log) -> dict[str, dict]:
     """Baselines of every task, kept in `state_path` between runs; eager first for all tasks, then compile."""
     rows: dict[str, dict] = json.loads(state_path.read_text()) if state_path.is_file() else {}
     for kind in kinds:
-        if kind == "compile":  # only where eager was measured, once (a failed compile is recorded, not retried)
-            todo = [t for t in tasks if (rows.get(t.key) or {}).get("status") == "measured"
-                    and "compile_status" not in rows[t.key]]
-        else:  # never measured, or not measured last time (no GPU then, a timeout, an infrastructure error)
-            todo = [t for t in tasks if (rows.get(t.key) or {}).get("status") != "measured"]
+        todo = [t for t in tasks if _needs_baseline(rows.get(t.key), kind, executes)]
         longest, chunk = 0.0, BASELINE_CHUNK[kind] if executes else max(1, len(todo))
         for start in range(0, len(todo), chunk):
             if time.monotonic() + longest >= deadline:
@@ -211,9 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["sanity_passed"] = all(row["passed"] for row in sanity) if sanity else None
         kinds = [k for k in args.baselines.split(",") if k]
         summary["baselines_pending"] = sum(
-            1 for task in tasks if task.key not in baselines
-            or ("compile" in kinds and baselines[task.key].get("status") == "measured"
-                and "compile_status" not in baselines[task.key]))
+            1 for task in tasks if any(_needs_baseline(baselines.get(task.key), kind, executes) for kind in kinds))
         summary["complete"] = (bool(metrics) and all(m["complete"] for m in metrics) and summary["error"] is None
                                and summary["baselines_pending"] == 0 and (bool(sanity) or args.no_sanity))
         with (args.out_dir / "results.jsonl").open("w") as out:

@@ -73,3 +73,17 @@ def test_a_crash_still_writes_every_file_with_what_there_is(tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
     assert [(r["task_key"], r["status"]) for r in rows] == [("L1/1_Double", "missing")]
     assert json.loads((tmp_path / "out" / "metrics.json").read_text())[0]["n_missing"] == 1
+
+
+def test_which_baselines_a_later_run_measures():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from kernelbench_eval_gpu import _needs_baseline
+
+    assert _needs_baseline(None, "eager", executes=False)
+    assert not _needs_baseline({"status": "not_executed"}, "eager", executes=False)
+    assert _needs_baseline({"status": "not_executed"}, "eager", executes=True)
+    assert _needs_baseline({"status": "infrastructure_error"}, "eager", executes=True)
+    assert not _needs_baseline({"status": "timeout"}, "eager", executes=True)
+    assert _needs_baseline({"status": "measured"}, "compile", executes=True)
+    assert not _needs_baseline({"status": "measured", "compile_status": "runtime_error"}, "compile", executes=True)
+    assert not _needs_baseline({"status": "not_executed"}, "compile", executes=True)
