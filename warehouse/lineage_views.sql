@@ -76,6 +76,7 @@ SELECT
     r.correct_at_1e4,
     r.speedup_gpu,
     r.speedup_host,
+    r.speedup_vs_eager_baseline,
     r.speedup_vs_compile,
     r.reason_codes,
     r.flags,

@@ -97,6 +97,7 @@ def result_row(checkpoint: str, result, baseline: dict[str, Any] | None) -> dict
         "reference_ms": _timing_ms(verdict, "reference_timing"), "candidate_ms": candidate_ms,
         "baseline_status": baseline.get("status"), "baseline_eager_ms_gpu": baseline.get("eager_ms_gpu"),
         "baseline_compile_ms_gpu": baseline.get("compile_ms_gpu"),
+        "speedup_vs_eager_baseline": speedup_over(baseline.get("eager_ms_gpu"), candidate_ms),
         "speedup_vs_compile": speedup_over(baseline.get("compile_ms_gpu"), candidate_ms),
         "verdict_json": None if verdict is None else verdict.to_json(),
         "gpu_name": provenance.get("gpu"), "verifier_version": provenance.get("verifier_version"),

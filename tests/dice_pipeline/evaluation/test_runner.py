@@ -118,3 +118,17 @@ def test_state_key_changes_with_the_checkpoint_or_settings():
     base = state_key("sft", {"path": "/a", "steps": 4})
     assert base.startswith("sft-") and base == state_key("sft", {"steps": 4, "path": "/a"})
     assert base != state_key("sft", {"path": "/b", "steps": 4}) != state_key("sft", {"path": "/a", "steps": 2})
+
+
+def test_result_rows_compute_speedups_against_the_local_baselines(tmp_path):
+    from dice_pipeline.evaluation.evaluate import result_row
+    from dice_pipeline.evaluation.runner import SampleResult
+    from dice_pipeline.verify.verdict import TimingStats
+
+    verdict = Verdict(Status.CORRECT, correct_at_1e2=True, correct_at_1e4=False, speedup=2.0, trials_run=5,
+                      candidate_timing=TimingStats(0.5, 0.01, 0.5, 100, 0.01), provenance={"gpu": "H200"})
+    result = SampleResult(TASKS[0], 0, {"code": "x", "usage": {"completion_tokens": 7}}, verdict)
+    row = result_row("sft", result, {"status": "measured", "eager_ms_gpu": 1.0, "compile_ms_gpu": 0.25})
+    assert row["speedup_vs_eager_baseline"] == 2.0 and row["speedup_vs_compile"] == 0.5
+    assert row["correct_at_1e2"] and not row["correct_at_1e4"] and row["executed"] and row["completion_tokens"] == 7
+    assert result_row("sft", SampleResult(TASKS[1], 0, None, None), None)["status"] == "missing"
