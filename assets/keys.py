@@ -2,6 +2,8 @@
 
 import dagster as dg
 
+from dice_pipeline.evaluation.registry import EVAL_CHECKPOINT_PARTITIONS_NAME
+
 CONCUR_PAIRS = dg.AssetKey("concur_pairs")
 CONCUR_REJECTS = dg.AssetKey("concur_rejects")
 VERIFIED_PAIRS = dg.AssetKey("verified_pairs")
@@ -37,7 +39,7 @@ GROUP_EVALUATION = "evaluation"
 # (a name registered with `dice eval add-checkpoint NAME PATH`) x level, so a new checkpoint evaluates alone.
 KERNELBENCH_LEVELS = ["1", "2", "3"]
 LEVEL_PARTITIONS = dg.StaticPartitionsDefinition(KERNELBENCH_LEVELS)
-EVAL_CHECKPOINT_PARTITIONS = dg.DynamicPartitionsDefinition(name="eval_checkpoint")
+EVAL_CHECKPOINT_PARTITIONS = dg.DynamicPartitionsDefinition(name=EVAL_CHECKPOINT_PARTITIONS_NAME)
 EVAL_PARTITIONS = dg.MultiPartitionsDefinition({"checkpoint": EVAL_CHECKPOINT_PARTITIONS, "level": LEVEL_PARTITIONS})
 
 

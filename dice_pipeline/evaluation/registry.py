@@ -16,6 +16,7 @@ from pathlib import Path
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")  # valid as a Dagster partition key, no "|" or ","
 KINDS = ("checkpoint", "endpoint")
 REGISTRY_ENV_VAR = "DICE_EVAL_CHECKPOINTS"
+EVAL_CHECKPOINT_PARTITIONS_NAME = "eval_checkpoint"  # the Dagster dynamic partitions definition holding the names
 
 
 @dataclass
@@ -70,3 +71,15 @@ def resolve(name: str, path: str | os.PathLike | None = None) -> EvalModel:
         raise KeyError(f"no evaluation model {name!r} registered in {path or registry_path()}; "
                        f"`dice eval add-checkpoint {name} PATH` first")
     return registry[name]
+
+
+def register_checkpoint(name: str, path: str, *, instance=None, registry: str | os.PathLike | None = None,
+                        decoding: str = "auto") -> EvalModel:
+    """Register a checkpoint directory for evaluation and, given a Dagster instance, add its `eval_checkpoint`
+    partition: what a training asset calls once it has written a checkpoint (then `kernelbench_evaluation` for
+    partition `name|<level>` evaluates it)."""
+    model = EvalModel(name, path=str(path), decoding=decoding)
+    register(model, registry)
+    if instance is not None and name not in set(instance.get_dynamic_partitions(EVAL_CHECKPOINT_PARTITIONS_NAME)):
+        instance.add_dynamic_partitions(EVAL_CHECKPOINT_PARTITIONS_NAME, [name])
+    return model

@@ -132,3 +132,17 @@ def test_result_rows_compute_speedups_against_the_local_baselines(tmp_path):
     assert row["speedup_vs_eager_baseline"] == 2.0 and row["speedup_vs_compile"] == 0.5
     assert row["correct_at_1e2"] and not row["correct_at_1e4"] and row["executed"] and row["completion_tokens"] == 7
     assert result_row("sft", SampleResult(TASKS[1], 0, None, None), None)["status"] == "missing"
+
+
+def test_a_training_asset_registers_its_checkpoint_and_partition(tmp_path):
+    import dagster as dg
+
+    from dice_pipeline.evaluation.registry import load_registry, register_checkpoint
+
+    instance = dg.DagsterInstance.ephemeral()
+    register_checkpoint("sft", str(tmp_path), instance=instance, registry=tmp_path / "r.json")
+    register_checkpoint("sft", str(tmp_path / "v2"), instance=instance, registry=tmp_path / "r.json")
+    assert instance.get_dynamic_partitions("eval_checkpoint") == ["sft"]
+    assert load_registry(tmp_path / "r.json")["sft"].path == str(tmp_path / "v2")
+    with pytest.raises(ValueError, match="partition key"):
+        register_checkpoint("a|b", str(tmp_path), registry=tmp_path / "r.json")
