@@ -104,10 +104,11 @@ def sanity_jobs(cases: Sequence[SanityCase]) -> list[VerifyJob]:
 
 def judge_sanity(case: SanityCase, verdict: Verdict) -> dict[str, Any]:
     """Whether the verdict is what the case must produce. `asserted`: `executed` when the GPU stage ran, `static`
-    when only the static checks could (no GPU); `passed` is then judged on what those can tell."""
+    when the verdict came before execution (no GPU, or a static / build rejection); `passed` is then judged on what
+    that stage can tell: a zeros or known-good kernel must reach `not_executed`, never a rejection."""
     status = verdict.status
-    on_gpu = bool((verdict.provenance or {}).get("gpu"))
-    asserted = "executed" if on_gpu and status != Status.NOT_EXECUTED else "static"
+    # executed: correctness trials ran on a GPU (as results count it); anything else was judged before execution
+    asserted = "executed" if status != Status.NOT_EXECUTED and verdict.trials_run is not None else "static"
     if case.check == "reference_as_modelnew":
         passed = status == Status.DECEPTIVE
     elif asserted == "static":

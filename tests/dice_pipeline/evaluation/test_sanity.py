@@ -10,7 +10,7 @@ from dice_pipeline.verify.verdict import Status, Verdict
 CODE = ("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def __init__(self):\n        super().__init__()\n"
         "\n    def forward(self, x):\n        return torch.relu(x)\n\ndef get_inputs():\n    return [torch.rand(4, 16)]\n\n"
         "def get_init_inputs():\n    return []\n")
-GPU = {"gpu": "NVIDIA H200"}
+GPU = {"provenance": {"gpu": "NVIDIA H200"}, "trials_run": 5}
 
 
 def case(check):
@@ -18,15 +18,17 @@ def case(check):
 
 
 def test_gpu_outcomes_are_judged_against_what_each_row_must_produce():
-    assert judge_sanity(case("reference_as_modelnew"), Verdict(Status.DECEPTIVE, provenance=GPU))["passed"]
-    assert not judge_sanity(case("reference_as_modelnew"), Verdict(Status.CORRECT, provenance=GPU))["passed"]
-    assert judge_sanity(case("zeros_kernel"), Verdict(Status.INCORRECT, provenance=GPU))["passed"]
-    degenerate = Verdict(Status.CORRECT, flags=["degenerate_task"], provenance=GPU)
+    assert judge_sanity(case("reference_as_modelnew"), Verdict(Status.DECEPTIVE, **GPU))["passed"]
+    assert not judge_sanity(case("reference_as_modelnew"), Verdict(Status.CORRECT, **GPU))["passed"]
+    assert judge_sanity(case("zeros_kernel"), Verdict(Status.INCORRECT, **GPU))["passed"]
+    degenerate = Verdict(Status.CORRECT, flags=["degenerate_task"], **GPU)
     assert judge_sanity(case("zeros_kernel"), degenerate)["passed"]
-    assert not judge_sanity(case("zeros_kernel"), Verdict(Status.CORRECT, provenance=GPU))["passed"]
-    good = judge_sanity(case("known_good"), Verdict(Status.CORRECT, provenance=GPU))
+    assert not judge_sanity(case("zeros_kernel"), Verdict(Status.CORRECT, **GPU))["passed"]
+    good = judge_sanity(case("known_good"), Verdict(Status.CORRECT, **GPU))
     assert good["passed"] and good["asserted"] == "executed"
-    assert not judge_sanity(case("known_good"), Verdict(Status.COMPILE_ERROR, provenance=GPU))["passed"]
+    assert not judge_sanity(case("known_good"), Verdict(Status.RUNTIME_ERROR, **GPU))["passed"]
+    build_failed = judge_sanity(case("known_good"), Verdict(Status.COMPILE_ERROR, provenance={"gpu": "NVIDIA H200"}))
+    assert not build_failed["passed"] and build_failed["asserted"] == "static"
     static = judge_sanity(case("known_good"), Verdict(Status.NOT_EXECUTED))
     assert static["passed"] and static["asserted"] == "static"
     assert not judge_sanity(case("known_good"), Verdict(Status.COMPILE_ERROR))["passed"]
