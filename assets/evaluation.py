@@ -41,7 +41,7 @@ class EvaluationConfig(dg.Config):
     samples: int = 1  # > 1: pass@k with that many samples at `temperature`
     temperature: float = 0.0
     batch_size: int = 16
-    pass_k: list[int] = []
+    pass_k: list[int] = []  # empty = [1, samples] when samples > 1
     # empty = <cache>/kernelbench_eval/<model>-<hash of path and settings>/level<N>: generations and verdicts
     state_dir: str = ""
     sanity_rows: bool = True
@@ -223,7 +223,7 @@ def kernelbench_evaluation(context: dg.AssetExecutionContext, config: Evaluation
         generate=_generator(model, config, settings),
         config=_evaluation_verify_config(verifier), state_dir=state_dir, samples=config.samples,
         baselines=baselines, sanity=config.sanity_rows, generation_batch=config.batch_size, log=context.log.info,
-        pass_k=config.pass_k)
+        pass_k=config.pass_k or ([1, config.samples] if config.samples > 1 else []))
     results = _list_frame(evaluation.results, schemas.KERNELBENCH_EVAL_RESULTS, partition_key)
     sanity = _list_frame(evaluation.sanity, schemas.KERNELBENCH_EVAL_SANITY, partition_key)
     metric_rows = [{**row, "deceptive_by_reason_json": json.dumps(row["deceptive_by_reason"], sort_keys=True),

@@ -17,7 +17,8 @@ def _pct(value: float | None) -> str:
 
 def _triple(row: dict[str, Any]) -> str:
     text = f"{_pct(row['exec_rate'])} / {_pct(row['fast_1'])} / {_pct(row['fast_2'])}"
-    return text + (" *" if row.get("n_not_executed") or row.get("executed") is False else "")
+    text += " *" if row.get("n_not_executed") or row.get("executed") is False else ""
+    return text + (" †" if row.get("complete") is False else "")
 
 
 def comparison_markdown(metric_rows: Sequence[dict[str, Any]]) -> str:
@@ -30,7 +31,8 @@ def comparison_markdown(metric_rows: Sequence[dict[str, Any]]) -> str:
              f"p over eager PyTorch measured on the same GPU in the same worker (`speedup_{FAST_P_CONVENTION}`: "
              "GPU-time convention, flush and call enqueued back to back, as KernelBench / do_bench; "
              "`speedup_host` shown in the detail table). `*`: the evaluation ran without a GPU or some tasks were "
-             "not executed: those rates are not measured results.", ""]
+             "not executed: those rates are not measured results. `†`: the evaluation stopped before every task was "
+             "generated and judged (a time box): tasks without a verdict count as failures.", ""]
     for tolerance in ("1e-2", "1e-4"):
         rows = [r for r in metric_rows if r["tolerance"] == tolerance]
         lines += [f"## atol = rtol = {tolerance}" + (" (the paper's tolerance)" if tolerance == "1e-2" else

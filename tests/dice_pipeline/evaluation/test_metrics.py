@@ -78,3 +78,5 @@ def test_report_puts_ours_beside_the_paper():
     assert "| sft | measured here | 100 / 100 / 100 | – | – |" in text
     assert "| DICE-8B | paper | 40 / 9 / 5 | 39 / 14 / 0 | 16 / 8 / 4 |" in text
     assert "speedup_gpu" in text and "1e-4" in text
+    stopped = [{**rows[0], "complete": False, "executed": False}]
+    assert "| sft | measured here | 100 / 100 / 100 * † | – | – |" in comparison_markdown(stopped)
