@@ -2,6 +2,8 @@
 
 import dagster as dg
 
+from dice_pipeline.evaluation.registry import EVAL_CHECKPOINT_PARTITIONS_NAME
+
 CONCUR_PAIRS = dg.AssetKey("concur_pairs")
 CONCUR_REJECTS = dg.AssetKey("concur_rejects")
 VERIFIED_PAIRS = dg.AssetKey("verified_pairs")
@@ -15,6 +17,12 @@ CUKE_INFILLING_TASKS = dg.AssetKey("cuke_infilling_tasks")
 CUKE_INFILLING_REJECTS = dg.AssetKey("cuke_infilling_rejects")
 CUKE_HF_DATASET = dg.AssetKey("cuke_hf_dataset")
 RL_END_TO_END_TASKS = dg.AssetKey("rl_end_to_end_tasks")
+KERNELBENCH_TASKS = dg.AssetKey("kernelbench_tasks")
+KERNELBENCH_BASELINES = dg.AssetKey("kernelbench_baselines")
+KERNELBENCH_EVAL_RESULTS = dg.AssetKey("kernelbench_eval_results")
+KERNELBENCH_EVAL_SANITY = dg.AssetKey("kernelbench_eval_sanity")
+KERNELBENCH_EVAL_METRICS = dg.AssetKey("kernelbench_eval_metrics")
+KERNELBENCH_COMPARISON_REPORT = dg.AssetKey("kernelbench_comparison_report")
 
 # One partition per speedup threshold, keyed canonically ("2.0"): every threshold's table lives side by side.
 THRESHOLD_PARTITIONS = dg.DynamicPartitionsDefinition(name="speedup_threshold")
@@ -25,6 +33,14 @@ GROUP_FILTER = "filter"
 GROUP_SYNTHESIS = "synthesis"
 GROUP_CUKE = "cuke"
 GROUP_RL_DATA = "rl_data"
+GROUP_EVALUATION = "evaluation"
+
+# KernelBench evaluation: one partition per level (1-3; level 4 needs hub weights), and per model to evaluate
+# (a name registered with `dice eval add-checkpoint NAME PATH`) x level, so a new checkpoint evaluates alone.
+KERNELBENCH_LEVELS = ["1", "2", "3"]
+LEVEL_PARTITIONS = dg.StaticPartitionsDefinition(KERNELBENCH_LEVELS)
+EVAL_CHECKPOINT_PARTITIONS = dg.DynamicPartitionsDefinition(name=EVAL_CHECKPOINT_PARTITIONS_NAME)
+EVAL_PARTITIONS = dg.MultiPartitionsDefinition({"checkpoint": EVAL_CHECKPOINT_PARTITIONS, "level": LEVEL_PARTITIONS})
 
 
 def table_out(key: dg.AssetKey, description: str) -> dg.AssetOut:

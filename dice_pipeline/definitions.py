@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets import cuke, filtering, ingestion, keys, synthesis, verification
+from assets import cuke, evaluation, filtering, ingestion, keys, synthesis, verification
 from dice_pipeline.resources import KernelGeneratorResource, KernelVerifier, WarehouseIOManager, WarehouseResource
 
 # Assets that depend on the threshold partition; rerunning at a new threshold materializes only these.
@@ -31,13 +31,44 @@ ALL_ASSETS = [
     cuke.cuke_infilling,
     cuke.cuke_hf_dataset,
     cuke.rl_end_to_end_tasks,
+    evaluation.kernelbench_tasks,
+    evaluation.kernelbench_baselines,
+    evaluation.kernelbench_evaluation,
+    evaluation.kernelbench_comparison_report,
+]
+
+EVALUATION_ASSETS = [
+    keys.KERNELBENCH_TASKS,
+    keys.KERNELBENCH_BASELINES,
+    keys.KERNELBENCH_EVAL_RESULTS,
+    keys.KERNELBENCH_EVAL_SANITY,
+    keys.KERNELBENCH_EVAL_METRICS,
+    keys.KERNELBENCH_COMPARISON_REPORT,
 ]
 
 # Everything from ingestion to the curated dataset, for one threshold partition (the run's partition key).
 main_job = dg.define_asset_job(
     "dice_main",
-    selection=dg.AssetSelection.all(),
+    selection=dg.AssetSelection.all() - dg.AssetSelection.assets(*EVALUATION_ASSETS),
     description="Ingest, verify, filter at the run's threshold partition, and build the curated dataset.",
+)
+
+# KernelBench evaluation: the level's tasks and local baselines (partition "1", "2" or "3"), then one model on one
+# level (partition checkpoint|level; `dice eval run NAME --level N` launches it).
+kernelbench_level_job = dg.define_asset_job(
+    "kernelbench_level",
+    selection=dg.AssetSelection.assets(keys.KERNELBENCH_TASKS, keys.KERNELBENCH_BASELINES),
+    description="Load a KernelBench level and measure its eager and torch.compile baselines on this host.",
+)
+kernelbench_eval_job = dg.define_asset_job(
+    "kernelbench_eval",
+    selection=dg.AssetSelection.assets(keys.KERNELBENCH_EVAL_RESULTS, keys.KERNELBENCH_EVAL_SANITY,
+                                       keys.KERNELBENCH_EVAL_METRICS),
+    description="Generate, judge and score one registered model on one KernelBench level.",
+)
+kernelbench_report_job = dg.define_asset_job(
+    "kernelbench_report", selection=dg.AssetSelection.assets(keys.KERNELBENCH_COMPARISON_REPORT),
+    description="The comparison report across every evaluated model, beside the paper's numbers.",
 )
 
 
@@ -50,4 +81,8 @@ def build_resources() -> dict:
     }
 
 
-defs = dg.Definitions(assets=ALL_ASSETS, jobs=[main_job], resources=build_resources())
+defs = dg.Definitions(
+    assets=ALL_ASSETS,
+    jobs=[main_job, kernelbench_level_job, kernelbench_eval_job, kernelbench_report_job],
+    resources=build_resources(),
+)

@@ -1,6 +1,7 @@
-"""KernelBench tasks and scores: load the task set (a jsonl export or a checkout's `levelN/*.py` folders) and compute
-KernelBench's metrics (Exec and fast_p per level) from verifier verdicts. Standard library only, so evaluation
-workers on a GPU host can import it.
+"""KernelBench tasks and scores: load the task set (the Hugging Face dataset, a jsonl export or a checkout's
+`levelN/*.py` folders), name the tasks known to be broken, and compute KernelBench's metrics (Exec and fast_p per
+level) from verifier verdicts. Standard library only at import (`datasets` is imported only to read the Hugging Face
+dataset), so evaluation workers on a GPU host can import it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,22 @@ from dice_pipeline.verify.verdict import Status, Verdict
 FAST_P_THRESHOLDS = (0.0, 0.5, 0.8, 1.0, 1.5, 2.0)
 # Level 4 builds models with `from_pretrained`: it needs hub weights and network access, which our hosts lack.
 SKIPPED_LEVELS = {4: ("level4_needs_hub_weights", "level 4 loads Hugging Face weights over the network")}
+# The Hugging Face copy: one split per level ("level_1" ...), columns code, level, name, problem_id.
+HF_DATASET_ID = "ScalingIntelligence/KernelBench"
+HF_SOURCE_PREFIX = "hf:"
+# Tasks whose reference itself misbehaves, or that a degenerate answer passes (NOTES.md section 2 and 3). They stay
+# in every evaluation and every denominator; their results carry these codes so a reader can discount them.
+KNOWN_TASK_ISSUES: dict[tuple[int, int], tuple[tuple[str, str], ...]] = {
+    (1, 23): (("zeros_pass_at_1e2", "all-zeros output passes at atol=rtol=1e-2 (Softmax)"),),
+    (1, 37): (("zeros_pass_at_1e2", "all-zeros output passes at atol=rtol=1e-2 (Frobenius norm)"),),
+    (1, 39): (("zeros_pass_at_1e2", "all-zeros output passes at atol=rtol=1e-2 (L2 norm)"),),
+    (1, 53): (("zeros_pass_at_1e2", "all-zeros output passes at atol=rtol=1e-2 (Min reduction)"),),
+    (1, 95): (("integer_inputs", "targets are integer class indices: casting inputs to float breaks CrossEntropy"),),
+    (2, 66): (("live_dropout", "no .eval(): dropout is live, the reference is random"),),
+    (2, 83): (("live_dropout", "no .eval(): dropout is live, the reference is random"),
+              ("output_identically_zero", "the reference's output is identically 0: any zeros kernel passes")),
+    (3, 35): (("random_in_forward", "the reference draws random state in forward"),),
+}
 _TASK_FILE_NAME = re.compile(r"^(\d+)_.+$")
 _LEVEL_DIR_NAME = re.compile(r"^level(\d+)$")
 
@@ -33,6 +50,11 @@ class KernelBenchTask:
     def key(self) -> str:
         """A stable id, e.g. `L1/1_Square_matrix_multiplication_`."""
         return f"L{self.level}/{self.name}"
+
+    @property
+    def known_issues(self) -> list[str]:
+        """Codes of KNOWN_TASK_ISSUES for this task (empty for a sound task)."""
+        return [code for code, _ in KNOWN_TASK_ISSUES.get((self.level, self.problem_id), ())]
 
 
 @dataclass(frozen=True)
@@ -136,15 +158,55 @@ def _tasks_from_directory(root: Path, levels, task_set: KernelBenchTaskSet) -> N
             task_set.skipped.append(SkippedTask(str(path), "unrecognised_file_name", "expected <id>_<name>.py"))
 
 
+def _rows_from_hf_dataset(dataset_id: str, levels) -> Iterable[tuple[str, dict]]:
+    """(origin, row) of every requested level's split of a Hugging Face dataset: a hub id, a folder in the hub
+    layout (`data/level_1-*.parquet` + README) or a folder written by `DatasetDict.save_to_disk`."""
+    import datasets  # only here: GPU hosts and the stdlib-only callers never reach this
+
+    local = Path(dataset_id)
+    if local.is_dir() and ((local / "dataset_dict.json").is_file() or (local / "dataset_info.json").is_file()):
+        loaded = datasets.load_from_disk(str(local))
+        splits = loaded if isinstance(loaded, datasets.DatasetDict) else {"level_?": loaded}
+    else:
+        splits = datasets.load_dataset(dataset_id)
+    for split_name in sorted(splits):
+        match = re.fullmatch(r"level_(\d+)", split_name)
+        if match and levels is not None and int(match.group(1)) not in levels:
+            continue  # not downloaded into rows at all; the caller asked for other levels
+        for index, row in enumerate(splits[split_name]):
+            yield f"{HF_SOURCE_PREFIX}{dataset_id}[{split_name}]:{index}", row
+
+
+def _tasks_from_hf(dataset_id: str, levels, task_set: KernelBenchTaskSet) -> None:
+    seen: set[tuple[int, int]] = set()
+    for origin, row in _rows_from_hf_dataset(dataset_id, levels):
+        try:
+            task = KernelBenchTask(
+                level=int(row["level"]), problem_id=int(row["problem_id"]), name=str(row["name"]), code=row["code"]
+            )
+            if not isinstance(task.code, str):
+                raise TypeError("code is not a string")
+        except (KeyError, TypeError, ValueError) as error:
+            task_set.skipped.append(SkippedTask(origin, "malformed_row", f"{type(error).__name__}: {error}"))
+            continue
+        _accept(task_set, seen, origin, task, levels)
+
+
 def load_kernelbench_tasks(path: str | Path, levels: Iterable[int] | None = None) -> KernelBenchTaskSet:
-    """Load KernelBench tasks from a jsonl file (fields level, problem_id, name, code) or from a folder holding
-    `level1/`, `level2/`, ... of `<id>_<name>.py` files (a KernelBench checkout's `KernelBench/` folder).
+    """Load KernelBench tasks from a jsonl file (fields level, problem_id, name, code), from a folder holding
+    `level1/`, `level2/`, ... of `<id>_<name>.py` files (a KernelBench checkout's `KernelBench/` folder), or from
+    the Hugging Face dataset: `hf:ScalingIntelligence/KernelBench` (or `hf:<local folder>` in the hub layout or
+    saved by `datasets`), one split `level_N` per level.
 
     Level 4 and malformed or non-task rows are returned in `skipped` with a reason code, never dropped silently.
     `levels` restricts the levels kept (others are skipped with `level_not_requested`)."""
-    path = Path(path)
     wanted = None if levels is None else tuple(sorted(set(levels)))
     task_set = KernelBenchTaskSet()
+    if isinstance(path, str) and path.startswith(HF_SOURCE_PREFIX):
+        _tasks_from_hf(path[len(HF_SOURCE_PREFIX):], wanted, task_set)
+        task_set.tasks.sort(key=lambda task: (task.level, task.problem_id))
+        return task_set
+    path = Path(path)
     if path.is_dir():
         _tasks_from_directory(path, wanted, task_set)
     elif path.is_file():
@@ -255,6 +317,8 @@ def format_scores(scores: list[LevelScore]) -> str:
 
 __all__ = [
     "FAST_P_THRESHOLDS",
+    "HF_DATASET_ID",
+    "KNOWN_TASK_ISSUES",
     "KernelBenchTask",
     "KernelBenchTaskSet",
     "LevelScore",

@@ -168,3 +168,141 @@ STRUCTURE_INSTANCES = pl.Schema(
         "threshold": pl.Float64,
     }
 )
+
+
+# --- KernelBench evaluation (dice_pipeline/evaluation). `level_key` / `eval_partition_key` hold the Dagster
+# partition key of the row ("1"; "<checkpoint>|<level>" for the checkpoint x level partitions).
+KERNELBENCH_TASKS = pl.Schema(
+    {
+        "level_key": pl.String,
+        "task_key": pl.String,  # "L1/1_Square_matrix_multiplication_"
+        "level": pl.Int64,
+        "problem_id": pl.Int64,
+        "name": pl.String,
+        "code": pl.String,
+        "code_sha256": pl.String,
+        "known_issues": pl.List(pl.String),  # dice_pipeline.kernelbench.KNOWN_TASK_ISSUES codes; kept, not dropped
+        "source": pl.String,  # where the task set was read from
+    }
+)
+
+KERNELBENCH_BASELINES = pl.Schema(
+    {
+        "level_key": pl.String,
+        "task_key": pl.String,
+        "status": pl.String,  # measured | not_executed | runtime_error | timeout | infrastructure_error
+        "message": pl.String,
+        "eager_ms_gpu": pl.Float64,
+        "eager_ms_host": pl.Float64,
+        "compile_ms_gpu": pl.Float64,
+        "peak_gpu_mb": pl.Float64,
+        "input_draw_json": pl.String,
+        "gpu_name": pl.String,
+        "provenance_json": pl.String,  # host, GPU, driver, torch, timing method, time: where these numbers hold
+    }
+)
+
+KERNELBENCH_EVAL_RESULTS = pl.Schema(
+    {
+        "eval_partition_key": pl.String,
+        "checkpoint": pl.String,
+        "level": pl.Int64,
+        "task_key": pl.String,
+        "problem_id": pl.Int64,
+        "name": pl.String,
+        "sample_index": pl.Int64,
+        "known_issues": pl.List(pl.String),
+        "generator_backend": pl.String,
+        "generator_model": pl.String,
+        "generation_settings_json": pl.String,
+        "finish_reason": pl.String,
+        "prompt_tokens": pl.Int64,
+        "completion_tokens": pl.Int64,
+        "latency_s": pl.Float64,
+        "has_code": pl.Boolean,
+        "candidate_code": pl.String,
+        "answer_text": pl.String,
+        "status": pl.String,  # verdict status, "missing" where the task has no verdict yet
+        "executed": pl.Boolean,
+        "reason_codes": pl.List(pl.String),
+        "flags": pl.List(pl.String),
+        "correct_at_1e2": pl.Boolean,  # counted correct at atol=rtol=1e-2 (dice_pipeline.evaluation.metrics)
+        "correct_at_1e4": pl.Boolean,
+        "speedup": pl.Float64,
+        "speedup_gpu": pl.Float64,  # GPU-time convention: what fast_p uses
+        "speedup_host": pl.Float64,
+        "reference_ms": pl.Float64,
+        "candidate_ms": pl.Float64,
+        "baseline_status": pl.String,
+        "baseline_eager_ms_gpu": pl.Float64,
+        "baseline_compile_ms_gpu": pl.Float64,
+        # The level's baselines (kernelbench_baselines, measured here) / the verdict's candidate median: a cross-check
+        # of the verdict's paired speedup_gpu against the separately measured eager time, and the compile comparison
+        "speedup_vs_eager_baseline": pl.Float64,
+        "speedup_vs_compile": pl.Float64,
+        "verdict_json": pl.String,
+        "gpu_name": pl.String,
+        "verifier_version": pl.String,
+        "reused_verdict": pl.Boolean,  # read back from the evaluation's state directory (a resumed evaluation)
+    }
+)
+
+KERNELBENCH_EVAL_SANITY = pl.Schema(
+    {
+        "eval_partition_key": pl.String,
+        "check": pl.String,  # reference_as_modelnew | zeros_kernel | known_good
+        "subject": pl.String,
+        "expected": pl.String,
+        "status": pl.String,
+        "reason_codes": pl.List(pl.String),
+        "flags": pl.List(pl.String),
+        "passed": pl.Boolean,
+        "asserted": pl.String,  # executed (GPU) | static (no GPU: only what the static checks can tell)
+        "summary": pl.String,
+    }
+)
+
+KERNELBENCH_EVAL_METRICS = pl.Schema(
+    {
+        "eval_partition_key": pl.String,
+        "checkpoint": pl.String,
+        "level": pl.Int64,
+        "tolerance": pl.String,  # "1e-2" | "1e-4"
+        "fast_p_convention": pl.String,  # which speedup fast_p uses ("gpu")
+        "executed": pl.Boolean,
+        "complete": pl.Boolean,  # every task generated and judged (False: stopped at a deadline)
+        "n_tasks": pl.Int64,
+        "n_judged": pl.Int64,
+        "n_compiled": pl.Int64,
+        "n_compile_unknown": pl.Int64,
+        "compile_rate": pl.Float64,
+        "n_correct": pl.Int64,
+        "exec_rate": pl.Float64,
+        "fast_0": pl.Float64,
+        "fast_0.5": pl.Float64,
+        "fast_0.8": pl.Float64,
+        "fast_1": pl.Float64,
+        "fast_1.5": pl.Float64,
+        "fast_2": pl.Float64,
+        "fast_0_host": pl.Float64,
+        "fast_0.5_host": pl.Float64,
+        "fast_0.8_host": pl.Float64,
+        "fast_1_host": pl.Float64,
+        "fast_1.5_host": pl.Float64,
+        "fast_2_host": pl.Float64,
+        "geomean_speedup_gpu": pl.Float64,
+        "geomean_speedup_host": pl.Float64,
+        "n_speedup_measured_gpu": pl.Int64,
+        "n_speedup_measured_host": pl.Int64,
+        "deceptive_rate": pl.Float64,
+        "deceptive_by_reason_json": pl.String,
+        "n_flagged_baseline_kernel": pl.Int64,
+        "n_not_executed": pl.Int64,
+        "n_infrastructure_error": pl.Int64,
+        "n_missing": pl.Int64,
+        "n_known_issue_tasks": pl.Int64,
+        "n_correct_on_known_issue_tasks": pl.Int64,
+        "samples_per_task": pl.Int64,
+        "pass_at_k_json": pl.String,
+    }
+)

@@ -92,3 +92,38 @@ UNION ALL
 SELECT 'filter', d.threshold_key, d.uuid, p.source_name, p.source_row, d.reason_code, d.verification_status
 FROM filter.speedup_filter_decisions d LEFT JOIN ingest.concur_pairs p USING (uuid)
 WHERE NOT d.kept;
+
+-- KernelBench evaluation, per task: what the model answered, the verdict, the task's known issues and the baseline
+-- measured here. e.g. SELECT * FROM lineage.kernelbench_task_drilldown WHERE checkpoint = 'sft' AND level = 1;
+CREATE OR REPLACE VIEW lineage.kernelbench_task_drilldown AS
+SELECT
+    r.checkpoint,
+    r.level,
+    r.task_key,
+    r.sample_index,
+    r.status,
+    r.executed,
+    r.correct_at_1e2,
+    r.correct_at_1e4,
+    r.speedup_gpu,
+    r.speedup_host,
+    r.speedup_vs_eager_baseline,
+    r.speedup_vs_compile,
+    r.reason_codes,
+    r.flags,
+    t.known_issues,
+    r.has_code,
+    r.finish_reason,
+    r.completion_tokens,
+    b.status AS baseline_status,
+    b.eager_ms_gpu AS baseline_eager_ms_gpu,
+    b.compile_ms_gpu AS baseline_compile_ms_gpu,
+    b.gpu_name AS baseline_gpu,
+    r.gpu_name AS verdict_gpu,
+    r.generator_model,
+    r.eval_partition_key,
+    r.candidate_code,
+    t.code AS reference_code
+FROM eval.kernelbench_eval_results r
+LEFT JOIN eval.kernelbench_tasks t ON t.level = r.level AND t.task_key = r.task_key
+LEFT JOIN eval.kernelbench_baselines b ON b.task_key = r.task_key;

@@ -1,6 +1,6 @@
 """Every warehouse table: its DuckDB location and declared schema, keyed by the asset (or output) that writes it.
 
-One DuckDB schema per pipeline stage: `ingest`, `verify`, `filter`, `synthesis`, `cuke`; `lineage` holds views.
+One DuckDB schema per pipeline stage: `ingest`, `verify`, `filter`, `synthesis`, `cuke`, `rl`, `eval`; `lineage` holds views.
 """
 
 from __future__ import annotations
@@ -18,6 +18,9 @@ THRESHOLD_PARTITION_COLUMN = "threshold_key"
 # CuKe tables carry the threshold partition they were built for in their own column: a sample's `threshold_key`
 # is the floor its own source applied (structure instances use theirs), not necessarily the build's.
 CUKE_PARTITION_COLUMN = "cuke_threshold_key"
+# KernelBench evaluation: tasks and baselines per level partition, results per checkpoint x level partition.
+LEVEL_PARTITION_COLUMN = "level_key"
+EVAL_PARTITION_COLUMN = "eval_partition_key"
 
 
 def _cuke(table_name: str, schema: pl.Schema) -> TableSpec:
@@ -41,6 +44,19 @@ TABLES: dict[str, TableSpec] = {
     "cuke_infilling_tasks": _cuke("cuke_infilling_tasks", STAGE1_TASK_SCHEMA),
     "cuke_infilling_rejects": _cuke("cuke_infilling_rejects", INFILLING_REJECTS),
     "rl_end_to_end_tasks": TableSpec("rl", "rl_end_to_end_tasks", RL_TASK_POOL),
+    "kernelbench_tasks": TableSpec("eval", "kernelbench_tasks", schemas.KERNELBENCH_TASKS, LEVEL_PARTITION_COLUMN),
+    "kernelbench_baselines": TableSpec(
+        "eval", "kernelbench_baselines", schemas.KERNELBENCH_BASELINES, LEVEL_PARTITION_COLUMN
+    ),
+    "kernelbench_eval_results": TableSpec(
+        "eval", "kernelbench_eval_results", schemas.KERNELBENCH_EVAL_RESULTS, EVAL_PARTITION_COLUMN
+    ),
+    "kernelbench_eval_sanity": TableSpec(
+        "eval", "kernelbench_eval_sanity", schemas.KERNELBENCH_EVAL_SANITY, EVAL_PARTITION_COLUMN
+    ),
+    "kernelbench_eval_metrics": TableSpec(
+        "eval", "kernelbench_eval_metrics", schemas.KERNELBENCH_EVAL_METRICS, EVAL_PARTITION_COLUMN
+    ),
 }
 
 

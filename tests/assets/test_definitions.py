@@ -23,6 +23,12 @@ EXPECTED_ASSET_KEYS = sorted([
     "cuke_infilling_rejects",
     "cuke_hf_dataset",
     "rl_end_to_end_tasks",
+    "kernelbench_tasks",
+    "kernelbench_baselines",
+    "kernelbench_eval_results",
+    "kernelbench_eval_sanity",
+    "kernelbench_eval_metrics",
+    "kernelbench_comparison_report",
 ])
 
 

@@ -1,0 +1,60 @@
+"""Reference times measured on this host: eager and `torch.compile` for every task, through the verifier's
+`measure_references` (verifier 0.3: each reference alone in an isolated GPU worker, the verifier's timing method).
+Speedups in reports are computed against these rows, never against another machine's numbers. Without a GPU, or
+with a verifier that predates `measure_references`, every row is `not_executed` and its message says why.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+from collections.abc import Sequence
+from typing import Any
+
+from dice_pipeline.kernelbench import KernelBenchTask
+
+BASELINE_FIELDS = ("task_id", "status", "message", "eager_ms_gpu", "eager_ms_host", "compile_ms_gpu", "peak_gpu_mb",
+                   "input_draw", "provenance")
+BASELINE_STATUSES = ("measured", "not_executed", "runtime_error", "timeout", "infrastructure_error")
+
+
+def _not_executed(task_id: str, message: str) -> dict[str, Any]:
+    return {"task_id": task_id, "status": "not_executed", "message": message, "eager_ms_gpu": None,
+            "eager_ms_host": None, "compile_ms_gpu": None, "peak_gpu_mb": None, "input_draw": None,
+            "provenance": {"host": platform.node(),
+                           "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")}}
+
+
+def normalise_baseline_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A measure_references row with every field present and a known status (an unknown status is an error)."""
+    out = {name: row.get(name) for name in BASELINE_FIELDS}
+    if out["status"] not in BASELINE_STATUSES:
+        raise ValueError(f"baseline row for {out['task_id']!r} has unknown status {out['status']!r}")
+    out["provenance"] = dict(out["provenance"] or {})
+    return out
+
+
+def measure_baselines(tasks: Sequence[KernelBenchTask], config, baselines: Sequence[str] = ("eager", "compile"),
+                      measure=None) -> list[dict[str, Any]]:
+    """One row per task, in order. `measure` defaults to `dice_pipeline.verify.measure_references`."""
+    jobs = [(task.key, task.code) for task in tasks]
+    if measure is None:
+        from dice_pipeline import verify
+
+        measure = getattr(verify, "measure_references", None)
+        if measure is None:
+            return [_not_executed(task_id, "this verifier has no measure_references (verifier >= 0.3 measures "
+                                           "reference baselines); nothing was timed") for task_id, _ in jobs]
+    rows = [normalise_baseline_row(row) for row in measure(jobs, config, baselines=tuple(baselines))]
+    by_id = {row["task_id"]: row for row in rows}
+    if set(by_id) != {task_id for task_id, _ in jobs} or len(rows) != len(jobs):
+        raise ValueError(f"measure_references returned {len(rows)} rows for {len(jobs)} tasks (or other task ids)")
+    return [by_id[task_id] for task_id, _ in jobs]
+
+
+def speedup_over(baseline_ms: float | None, candidate_ms: float | None) -> float | None:
+    """baseline time / candidate time, both measured here; None unless both are positive numbers."""
+    if not baseline_ms or not candidate_ms or baseline_ms <= 0 or candidate_ms <= 0:
+        return None
+    return baseline_ms / candidate_ms

@@ -1,0 +1,89 @@
+"""The GPU evaluation script's CPU dry run: a tiny SDAR checkpoint, three tasks, no GPU. It writes its 7 files,
+states that nothing executed, imports nothing a torch-only GPU host lacks, and a second run resumes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from training import SDARForCausalLM, preset_config
+from training.tokenizer import train_bpe_tokenizer
+
+ROOT = Path(__file__).resolve().parents[2]
+TASK = ("import torch\nimport torch.nn as nn\n\nclass Model(nn.Module):\n    def __init__(self):\n        super().__init__()"
+        "\n\n    def forward(self, x):\n        return {op}\n\ndef get_inputs():\n    return [torch.rand(4, 16)]\n\n"
+        "def get_init_inputs():\n    return []\n")
+TASKS = [(1, "1_Double", "x * 2"), (19, "19_ReLU", "torch.relu(x)"), (23, "23_Softmax", "torch.softmax(x, dim=1)")]
+
+
+def test_cpu_dry_run_writes_everything_and_resumes(tmp_path):
+    tokenizer = train_bpe_tokenizer([TASK.format(op=op) for _, _, op in TASKS] * 4, vocab_size=400, min_frequency=1)
+    torch.manual_seed(0)
+    SDARForCausalLM(preset_config("tiny", vocab_size=len(tokenizer), mask_token_id=tokenizer.mask_token_id)
+                    ).save_pretrained(tmp_path / "ckpt")
+    tokenizer.save_pretrained(tmp_path / "ckpt")
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"level": 1, "problem_id": i, "name": n, "code": TASK.format(op=op)}) + "\n"
+                             for i, n, op in TASKS))
+    command = [sys.executable, str(ROOT / "benchmarks" / "kernelbench_eval_gpu.py"), str(tmp_path / "out"),
+               "--checkpoint", str(tmp_path / "ckpt"), "--level", "1", "--tasks-file", str(tasks), "--budget-s", "300",
+               "--max-new-tokens", "8", "--state-dir", str(tmp_path / "state")]
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "DICE_VERIFY_CACHE": str(tmp_path / "builds")}
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["baselines.json", "log.txt", "metrics.json", "report.md",
+                                                     "results.jsonl", "sanity.json", "summary.json"]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["executed"] is False and summary["forbidden_modules_loaded"] == []
+    assert summary["complete"] and summary["sanity_passed"] and summary["generated_now"] == 3
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["task_key"] for r in rows] == ["L1/1_Double", "L1/19_ReLU", "L1/23_Softmax"]
+    assert not any(r["executed"] for r in rows)
+    baselines = json.loads((out / "baselines.json").read_text())
+    assert {b["status"] for b in baselines.values()} == {"not_executed"}
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [m["tolerance"] for m in metrics] == ["1e-2", "1e-4"] and metrics[0]["n_tasks"] == 3
+    assert "measured here" in (out / "report.md").read_text()
+
+    second = subprocess.run(command + ["--no-sanity"], capture_output=True, text=True, timeout=600, env=env,
+                            cwd=tmp_path)
+    assert second.returncode == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["generated_now"] == 0 and summary["judged_now"] == 0  # all read back from the state directory
+
+
+def test_a_crash_still_writes_every_file_with_what_there_is(tmp_path):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"level": 1, "problem_id": 1, "name": "1_Double", "code": TASK.format(op="x * 2")})
+                     + "\n")
+    command = [sys.executable, str(ROOT / "benchmarks" / "kernelbench_eval_gpu.py"), str(tmp_path / "out"),
+               "--checkpoint", str(tmp_path / "no_such_checkpoint"), "--tasks-file", str(tasks),
+               "--state-dir", str(tmp_path / "state"), "--no-sanity"]
+    env = {**os.environ, "PATH": "/usr/bin:/bin", "DICE_VERIFY_CACHE": str(tmp_path / "builds")}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert result.returncode == 1
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["error"] and not summary["complete"]
+    rows = [json.loads(line) for line in (tmp_path / "out" / "results.jsonl").read_text().splitlines()]
+    assert [(r["task_key"], r["status"]) for r in rows] == [("L1/1_Double", "missing")]
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())[0]["n_missing"] == 1
+
+
+def test_which_baselines_a_later_run_measures():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from kernelbench_eval_gpu import _needs_baseline
+
+    assert _needs_baseline(None, "eager", executes=False)
+    assert not _needs_baseline({"status": "not_executed"}, "eager", executes=False)
+    assert _needs_baseline({"status": "not_executed"}, "eager", executes=True)
+    assert _needs_baseline({"status": "infrastructure_error"}, "eager", executes=True)
+    assert not _needs_baseline({"status": "timeout"}, "eager", executes=True)
+    assert _needs_baseline({"status": "measured"}, "compile", executes=True)
+    assert not _needs_baseline({"status": "measured", "compile_status": "runtime_error"}, "compile", executes=True)
+    assert not _needs_baseline({"status": "not_executed"}, "compile", executes=True)
