@@ -380,7 +380,8 @@ def compile_only(reference_src: str, candidate_src: str, config: VerifyConfig | 
 def _reference_row(task_id: str, verdict: Verdict | None, payload_status: str | None, message: str) -> dict[str, Any]:
     """One measure_references row from the control judgement's verdict."""
     row: dict[str, Any] = {"task_id": task_id, "status": payload_status, "message": message, "eager_ms_gpu": None,
-                           "eager_ms_host": None, "compile_ms": None, "compile_error": None, "peak_gpu_mb": None,
+                           "eager_ms_host": None, "compile_ms_gpu": None, "compile_ms_host": None,
+                           "compile_error": None, "peak_gpu_mb": None,
                            "input_draw": None, "control_speedup_gpu": None, "control_speedup_host": None,
                            "flags": [], "provenance": {}}
     if verdict is None:
@@ -395,7 +396,8 @@ def _reference_row(task_id: str, verdict: Verdict | None, payload_status: str | 
         row[f"eager_ms_{chosen}"] = verdict.reference_timing.median_ms
         row[f"eager_ms_{other}"] = provenance.get(f"reference_median_ms_{other}")
     compiled = (verdict.baseline_speedups or {}).get("compile") or {}
-    row.update(compile_ms=compiled.get("median_ms"), compile_error=compiled.get("error"))
+    row[f"compile_ms_{compiled.get('convention') or verdict.speedup_convention or 'gpu'}"] = compiled.get("median_ms")
+    row["compile_error"] = compiled.get("error")
     return row
 
 
@@ -409,7 +411,7 @@ def measure_references(tasks: list[tuple[str, str]], config: VerifyConfig | None
 
     Returns one row per task, in order: `status` is "measured", "not_executed" (no GPU here), "runtime_error",
     "timeout" or "infrastructure_error"; `eager_ms_gpu` / `eager_ms_host` are the reference's medians in both
-    timing conventions, `compile_ms` the torch.compile'd reference's median (in the config's convention) when
+    timing conventions, `compile_ms_gpu` (or `_host`) the torch.compile'd reference's median in the config's convention when
     "compile" is among `baselines`, `peak_gpu_mb` the worker's peak allocated GPU memory, `input_draw` how inputs
     were drawn, and `provenance` the GPU, torch and timing method. Each worker is started while the previous one
     runs. `lanes_per_gpu` > 1 runs that many tasks on a GPU at once (for robustness sweeps: their timings then

@@ -343,7 +343,7 @@ def test_measure_references_reads_both_conventions_from_the_control_verdict(monk
     run_payload = {"status": "correct", "reasons": [], "flags": [], "speedup": 1.0, "speedup_gpu": 1.01,
                    "speedup_host": 0.99, "speedup_convention": "gpu", "peak_gpu_memory_mb": 8200.0,
                    "reference_timing": {"median_ms": 2.0, "iqr_ms": 0.1, "mean_ms": 2.0, "n": 10, "cv": 0.01},
-                   "baseline_speedups": {"compile": {"median_ms": 1.5, "n": 10, "speedup": 1.3}},
+                   "baseline_speedups": {"compile": {"median_ms": 1.5, "n": 10, "convention": "gpu", "speedup": 1.3}},
                    "provenance": {"gpu": "Fake GPU", "reference_median_ms_host": 2.2,
                                   "input_draw": "get_inputs() on the host"}}
     monkeypatch.setattr(api, "gpu_inventory", lambda: [api.GpuInfo(0, "Fake GPU", "1", "9.0")])
@@ -358,7 +358,7 @@ def test_measure_references_reads_both_conventions_from_the_control_verdict(monk
     monkeypatch.setattr(api._BatchRun, "_run_worker", fake_worker)
     [row] = api.measure_references([("L1/5", REFERENCE)], VerifyConfig(), baselines=("eager", "compile"))
     assert seen == [True] and row["status"] == "measured"
-    assert (row["eager_ms_gpu"], row["eager_ms_host"], row["compile_ms"]) == (2.0, 2.2, 1.5)
+    assert (row["eager_ms_gpu"], row["eager_ms_host"], row["compile_ms_gpu"]) == (2.0, 2.2, 1.5)
     assert row["peak_gpu_mb"] == 8200.0 and row["control_speedup_gpu"] == 1.01
 
 
