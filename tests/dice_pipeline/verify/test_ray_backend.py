@@ -1,0 +1,107 @@
+"""The Ray backend on a local CPU Ray instance (compile-only path: static checks and the build stage's isolated
+workers): the same verdicts as the local backend, streamed back once per job, and a Ray worker killed mid-task is
+replaced with no verdict lost or duplicated."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from verify_cases import HONEST, REFERENCE, STATIC_CASES
+
+from dice_pipeline.verify import VerifyConfig, VerifyJob, gpu_inventory, verify_batch
+from dice_pipeline.verify.verdict import Status
+
+ray = pytest.importorskip("ray", reason="ray is an optional extra (pip install -e '.[ray]')")
+
+from dice_pipeline.verify.ray_backend import ATTEMPT_LOG_ENV, verify_batch_ray  # noqa: E402
+
+pytestmark = pytest.mark.skipif(bool(gpu_inventory()), reason="the CI path is the GPU-less compile-only one")
+
+
+def _module_code_candidate(statement: str) -> str:
+    return HONEST.replace("cpp_src = ", f"{statement}\ncpp_src = ", 1)
+
+
+@pytest.fixture(scope="module")
+def attempt_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("ray_attempts")
+
+
+@pytest.fixture(scope="module")
+def local_ray(attempt_dir):
+    # Ray's worker processes inherit this process's environment: the attempt log and this worktree's sources.
+    os.environ[ATTEMPT_LOG_ENV] = str(attempt_dir)
+    repo = str(Path(__file__).resolve().parents[3])
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (repo, os.environ.get("PYTHONPATH")) if p)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+    os.environ.pop(ATTEMPT_LOG_ENV, None)
+
+
+@pytest.fixture
+def config(tmp_path) -> VerifyConfig:
+    return VerifyConfig(build_cache_dir=str(tmp_path / "cache"), compile_timeout_s=120, use_precompiled_header=False,
+                        build_without_gpu=True)
+
+
+def test_ray_backend_gives_the_local_backends_verdicts(local_ray, config):
+    static_cases = [c for c in STATIC_CASES if c.name in ("torch_only_forward", "python_thread")]
+    jobs = [VerifyJob(c.name, c.reference, c.source) for c in static_cases] + [
+        VerifyJob("raises_at_import", REFERENCE, _module_code_candidate("raise RuntimeError('boom at import')")),
+        VerifyJob("needs_gpu_at_import", REFERENCE,
+                  _module_code_candidate("import torch\n_warm = torch.zeros(4, device='cuda') + 1")),
+    ]
+    local = verify_batch(jobs, config)
+    streamed: list[str] = []
+    on_ray = verify_batch_ray(jobs, config, on_result=lambda job, verdict: streamed.append(job.job_id))
+
+    def summary(verdict):
+        return verdict.status, verdict.reason_codes(), sorted(verdict.flags)
+
+    assert [summary(v) for v in on_ray] == [summary(v) for v in local]
+    # The two worker-built verdicts really went through the build stage, not the static pass.
+    assert on_ray[2].status == Status.COMPILE_ERROR and "boom at import" in on_ray[2].reasons[0].message
+    assert on_ray[3].status == Status.NOT_EXECUTED and on_ray[3].provenance.get("import_needs_gpu") is True
+    assert sorted(streamed) == sorted(job.job_id for job in jobs)
+
+
+def test_a_killed_ray_worker_is_replaced_with_no_verdict_lost_or_duplicated(local_ray, config, attempt_dir):
+    slow = VerifyJob("slow_then_raises", REFERENCE,
+                     _module_code_candidate("import time\ntime.sleep(4)\nraise RuntimeError('after the nap')"))
+    quick = [VerifyJob(f"quick_{i}", REFERENCE, _module_code_candidate(f"raise ValueError('quick {i}')"))
+             for i in range(2)]
+    jobs = [quick[0], slow, quick[1]]
+    streamed: list[str] = []
+    outcome: dict = {}
+    batch = threading.Thread(target=lambda: outcome.update(verdicts=verify_batch_ray(
+        jobs, config, on_result=lambda job, verdict: streamed.append(job.job_id))))
+    batch.start()
+
+    # Find the Ray worker running the slow job's build and kill it while the build is in progress.
+    deadline = time.monotonic() + 60
+    first_attempts: list[Path] = []
+    while not first_attempts and time.monotonic() < deadline:
+        first_attempts = list(attempt_dir.glob("slow_then_raises.build.*"))
+        time.sleep(0.1)
+    assert first_attempts, "the slow job's build task never started"
+    killed_pid = int(first_attempts[0].name.rsplit(".", 1)[1])
+    time.sleep(1.0)  # inside the task: its isolated worker is starting or sleeping
+    os.kill(killed_pid, signal.SIGKILL)
+
+    batch.join(timeout=180)
+    assert not batch.is_alive()
+    verdicts = outcome["verdicts"]
+    attempts = sorted(int(p.name.rsplit(".", 1)[1]) for p in attempt_dir.glob("slow_then_raises.build.*"))
+    assert len(attempts) == 2 and killed_pid in attempts  # re-run once, by another worker process
+    assert len(verdicts) == len(jobs)
+    assert sorted(streamed) == sorted(job.job_id for job in jobs)  # each job reported exactly once
+    assert verdicts[1].status == Status.COMPILE_ERROR and "after the nap" in verdicts[1].reasons[0].message
+    assert [v.status for v in verdicts] == [Status.COMPILE_ERROR] * 3
+    assert "quick 0" in verdicts[0].reasons[0].message and "quick 1" in verdicts[2].reasons[0].message
