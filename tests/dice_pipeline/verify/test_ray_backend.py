@@ -105,3 +105,36 @@ def test_a_killed_ray_worker_is_replaced_with_no_verdict_lost_or_duplicated(loca
     assert verdicts[1].status == Status.COMPILE_ERROR and "after the nap" in verdicts[1].reasons[0].message
     assert [v.status for v in verdicts] == [Status.COMPILE_ERROR] * 3
     assert "quick 0" in verdicts[0].reasons[0].message and "quick 1" in verdicts[2].reasons[0].message
+
+
+def test_judge_tasks_hold_a_gpu_and_judge_like_the_local_gpu_loop(tmp_path, monkeypatch, config):
+    """The judge path on a Ray instance that declares one GPU, with a stand-in nvidia-smi for its workers: the
+    judge task gets GPU 0 from Ray, holds its lock, and runs the run stage in an isolated worker, which finds no
+    CUDA here: a real, reported runtime error, the same one the local backend's GPU loop reports."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    script = fake_bin / "nvidia-smi"
+    script.write_text("#!/bin/sh\nprintf '0, NVIDIA H200, 580.159.04, 9.0\\n'\n")
+    script.chmod(0o755)
+    fake_path = f"{fake_bin}:{os.environ['PATH']}"
+    jobs = [VerifyJob("needs_gpu_at_import", REFERENCE,
+                      _module_code_candidate("import torch\n_warm = torch.zeros(4, device='cuda') + 1")),
+            VerifyJob("raises_at_import", REFERENCE, _module_code_candidate("raise RuntimeError('boom')"))]
+    config.device_lock_dir = str(tmp_path / "locks")
+
+    if ray.is_initialized():
+        ray.shutdown()
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PATH": fake_path}})  # the workers see a GPU; this process does not
+    try:
+        on_ray = verify_batch_ray(jobs, config)
+    finally:
+        ray.shutdown()
+    monkeypatch.setenv("PATH", fake_path)
+    local = verify_batch(jobs, config)
+
+    assert on_ray[0].status == Status.RUNTIME_ERROR and on_ray[0].reason_codes() == ["no_gpu_in_worker"]
+    assert on_ray[0].provenance["device_index"] == 0 and on_ray[0].provenance["gpu"] == "NVIDIA H200"
+    assert on_ray[1].status == Status.COMPILE_ERROR
+    assert [(v.status, v.reason_codes()) for v in on_ray] == [(v.status, v.reason_codes()) for v in local]
+    assert (tmp_path / "locks" / "gpu0.lock").exists()
