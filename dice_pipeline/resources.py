@@ -95,7 +95,7 @@ class KernelVerifier(dg.ConfigurableResource):
     device_lock_dir: str = ""
 
     def verify_config(self):
-        from dice_pipeline.gpu_pool import compile_workers, default_lock_dir
+        from dice_pipeline.gpu_pool import default_lock_dir
         from dice_pipeline.paths import cache_dir
         from dice_pipeline.verify import VerifyConfig
 
@@ -105,8 +105,7 @@ class KernelVerifier(dg.ConfigurableResource):
             raise ValueError(f"backend must be local or ray, not {self.backend!r}")
         if self.launch not in ("in_process", "pipes"):
             raise ValueError(f"launch must be in_process or pipes, not {self.launch!r}")
-        # 0 = as many builds as the cores and the memory hold (dice_pipeline/gpu_pool.py).
-        optional = {"max_parallel_builds": self.max_parallel_builds or compile_workers()}
+        optional = {"max_parallel_builds": self.max_parallel_builds or self._compile_pool_size()}
         return VerifyConfig(
             execute={"auto": None, "always": True, "never": False}[self.execute],
             devices=list(self.devices) or None,
@@ -121,6 +120,18 @@ class KernelVerifier(dg.ConfigurableResource):
             device_lock_dir=None if self.device_lock_dir == "off" else (self.device_lock_dir or default_lock_dir()),
             **optional,
         )
+
+    def _compile_pool_size(self) -> int:
+        """Builds side by side: one per core the builds get (verify_batch keeps cores for the GPU workers where the
+        host has enough of them), no more than the available memory holds (dice_pipeline/gpu_pool.py)."""
+        from dice_pipeline.gpu_pool import compile_workers
+        from dice_pipeline.verify import VerifyConfig, gpu_inventory
+        from dice_pipeline.verify.api import split_cpus
+
+        gpus = [] if self.execute == "never" else [g for g in gpu_inventory()
+                                                   if not self.devices or g.index in self.devices]
+        _, build_cpus = split_cpus(VerifyConfig.gpu_worker_cpus * len(gpus))
+        return compile_workers(cpu_cores=len(build_cpus) if build_cpus else None)
 
     def describe(self) -> str:
         return (f"execute={self.execute}, devices={list(self.devices) or 'all'}, trials={self.correctness_trials}, "

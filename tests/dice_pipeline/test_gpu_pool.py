@@ -130,3 +130,22 @@ def test_two_verify_batches_never_judge_on_one_gpu_at_once(tmp_path, monkeypatch
     assert len(results) == 2 and all(len(r) == 6 for r in results)
     assert len(holds) == 12
     assert _overlaps(holds) == []
+
+
+def test_verifier_resource_sizes_builds_to_the_cores_left_by_gpu_workers_and_the_memory(monkeypatch):
+    import os
+
+    from dice_pipeline import gpu_pool
+    from dice_pipeline.resources import KernelVerifier
+    from dice_pipeline.verify import api
+
+    monkeypatch.setattr(api, "gpu_inventory", lambda: [api.GpuInfo(0, "Test GPU", "0", "9.0")])
+    monkeypatch.setattr("dice_pipeline.verify.gpu_inventory", api.gpu_inventory)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.setattr(gpu_pool, "available_memory_mb", lambda: 256_000)
+    assert KernelVerifier().verify_config().max_parallel_builds == 14  # 2 cores kept for the GPU worker
+    assert KernelVerifier(execute="never").verify_config().max_parallel_builds == 16
+    monkeypatch.setattr(gpu_pool, "available_memory_mb", lambda: 9_216)
+    assert KernelVerifier().verify_config().max_parallel_builds == 3  # 3 GiB a build
+    assert KernelVerifier(max_parallel_builds=5).verify_config().max_parallel_builds == 5
+    assert KernelVerifier(device_lock_dir="off").verify_config().device_lock_dir is None
