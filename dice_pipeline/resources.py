@@ -71,16 +71,7 @@ class KernelVerifier(dg.ConfigurableResource):
     compile_timeout_s: float = 900.0
     run_timeout_s: float = 180.0
     build_cache_dir: str = ""  # empty = <project cache>/kernel_builds
-    max_parallel_builds: int = 0  # 0 = one per CPU core
-    # On a GPU-less host, still build every candidate with nvcc (the compile-only stage). Off by default: it costs
-    # 1-3 min a candidate on a 2-core machine (measured), so `dice run` there would take most of an hour.
-    compile_without_gpu: bool = False
-    # Executed verdicts are kept here and reused for identical (reference, candidate, config): a pair is judged on a
-    # GPU once. A store filled on a GPU host can be pointed at from a GPU-less one. Empty = <project cache>/verdicts.
-    verdict_store_dir: str = ""
-    # Also time each correct candidate's reference as a CUDA graph ("cuda_graph") and/or torch.compile'd
-    # ("compile"); recorded per verdict (baseline_speedups), never used by the filter. Empty = eager only.
-    extra_baselines: list[str] = []
+    max_parallel_builds: int = 0  # 0 = as many as the cores left by the GPU workers and the memory hold
     # Where judging happens. "local": this host's GPUs, one worker per GPU. "ray": a Ray cluster (builds on CPU
     # workers, judgements on one-GPU workers; `pip install -e .[ray]`), at `ray_address` (empty = RAY_ADDRESS or a
     # local Ray instance started for the batch).
@@ -93,7 +84,15 @@ class KernelVerifier(dg.ConfigurableResource):
     # Per-host GPU lock directory shared with the GpuPool resource: two runs never time on one GPU at once. Empty =
     # DICE_GPU_LOCK_DIR or /tmp/dice_gpu_locks; "off" = no locks.
     device_lock_dir: str = ""
-
+    # On a GPU-less host, still build every candidate with nvcc (the compile-only stage). Off by default: it costs
+    # 1-3 min a candidate on a 2-core machine (measured), so `dice run` there would take most of an hour.
+    compile_without_gpu: bool = False
+    # Executed verdicts are kept here and reused for identical (reference, candidate, config): a pair is judged on a
+    # GPU once. A store filled on a GPU host can be pointed at from a GPU-less one. Empty = <project cache>/verdicts.
+    verdict_store_dir: str = ""
+    # Also time each correct candidate's reference as a CUDA graph ("cuda_graph") and/or torch.compile'd
+    # ("compile"); recorded per verdict (baseline_speedups), never used by the filter. Empty = eager only.
+    extra_baselines: list[str] = []
     def verify_config(self):
         from dice_pipeline.gpu_pool import default_lock_dir
         from dice_pipeline.paths import cache_dir
@@ -114,10 +113,10 @@ class KernelVerifier(dg.ConfigurableResource):
             compile_timeout_s=self.compile_timeout_s,
             run_timeout_s=self.run_timeout_s,
             build_cache_dir=self.build_cache_dir or str(cache_dir() / "kernel_builds"),
+            device_lock_dir=None if self.device_lock_dir == "off" else (self.device_lock_dir or default_lock_dir()),
             build_without_gpu=self.compile_without_gpu,
             verdict_store_dir=self.verdict_store_dir or str(cache_dir() / "verdicts"),
             extra_baselines=tuple(self.extra_baselines),
-            device_lock_dir=None if self.device_lock_dir == "off" else (self.device_lock_dir or default_lock_dir()),
             **optional,
         )
 

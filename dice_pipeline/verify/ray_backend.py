@@ -124,8 +124,10 @@ def _verify_on_ray(ray, jobs, config, on_result, max_retries, build_cpus, build_
     store = VerdictStore(config.verdict_store_dir) if config.verdict_store_dir else None
     if store is not None:
         local_gpu = run.gpus[0].name if run.gpus else None
+        # Verifier 0.3 adds older versions whose stored verdicts may fill in (VerifyConfig.accept_verdicts_from).
+        accept = tuple(getattr(config, "accept_verdicts_from", ()))
         for index in list(to_build):
-            stored = store.get(jobs[index], config, local_gpu)
+            stored = store.get(jobs[index], config, local_gpu, *((accept,) if accept else ()))
             if stored is not None:
                 stored.flags = list(dict.fromkeys(statics[index].flags + stored.flags))
                 _apply_generated_kernel_rule(stored, statics[index].kernel_names)
