@@ -93,6 +93,7 @@ class KernelVerifier(dg.ConfigurableResource):
     # Also time each correct candidate's reference as a CUDA graph ("cuda_graph") and/or torch.compile'd
     # ("compile"); recorded per verdict (baseline_speedups), never used by the filter. Empty = eager only.
     extra_baselines: list[str] = []
+
     def verify_config(self):
         from dice_pipeline.gpu_pool import default_lock_dir
         from dice_pipeline.paths import cache_dir
