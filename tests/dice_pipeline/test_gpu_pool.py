@@ -105,7 +105,7 @@ def test_two_verify_batches_never_judge_on_one_gpu_at_once(tmp_path, monkeypatch
                                                         api.GpuInfo(1, "Test GPU", "0", "9.0")])
     monkeypatch.setattr(api._BatchRun, "build", lambda self, job, static: (None, {}))
 
-    def fake_judge(self, job, static, facts, device, gate=None):
+    def fake_judge(self, job, static, facts, device, gate=None, **options):  # options: verifier 0.3 adds `control`
         if gate is not None:
             gate.wait()  # as the real worker: nothing runs on the GPU before its turn
         start = time.time()
