@@ -72,6 +72,19 @@ def test_ray_backend_gives_the_local_backends_verdicts(local_ray, config):
     assert sorted(streamed) == sorted(job.job_id for job in jobs)
 
 
+def test_the_verifier_resource_selects_the_ray_backend(local_ray, tmp_path, attempt_dir):
+    from dice_pipeline.resources import KernelVerifier
+
+    verifier = KernelVerifier(backend="ray", execute="never", compile_without_gpu=True,
+                              build_cache_dir=str(tmp_path / "builds"), verdict_store_dir=str(tmp_path / "store"))
+    job = ("resource_job", REFERENCE, _module_code_candidate("raise RuntimeError('through the resource')"))
+    lines: list[str] = []
+    [verdict] = verifier.verify([job], log=lines.append)
+    assert verdict.status == Status.COMPILE_ERROR and "through the resource" in verdict.reasons[0].message
+    assert list(attempt_dir.glob("resource_job.build.*"))  # built by a Ray task
+    assert len(lines) == 1 and lines[0].startswith("resource_job: compile_error")
+
+
 def test_a_killed_ray_worker_is_replaced_with_no_verdict_lost_or_duplicated(local_ray, config, attempt_dir):
     slow = VerifyJob("slow_then_raises", REFERENCE,
                      _module_code_candidate("import time\ntime.sleep(4)\nraise RuntimeError('after the nap')"))
