@@ -1,11 +1,13 @@
 """The verifier on a Ray cluster: the stages and judgement of `verify_batch` (static checks here, then
-`_BatchRun.build` and `_BatchRun.judge`), spread out as Ray tasks: builds on CPU workers, judgements holding one
-GPU each, verdicts streamed back (`on_result`) as they finish.
+`_BatchRun.build` and `_BatchRun.judge`), spread out over Ray: builds as tasks on CPU workers, judgements by one
+actor per GPU (prestarting the next worker as the local GPU loop does), verdicts streamed back (`on_result`) as
+they finish.
 
-Each task still runs the candidate in the verifier's isolated worker subprocess; the Ray worker process only
-starts it and reads its result, so a candidate cannot poison a Ray worker. A Ray worker that dies mid-task (OOM
-killer, lost node, a kill) is replaced by Ray and the task re-run (`max_retries`); a job still without a verdict
-after its retries gets an infrastructure verdict, never a second verdict or none. `ray` is an optional extra
+Each task or actor call still runs the candidate in the verifier's isolated worker subprocess; the Ray worker
+process only starts it and reads its result, so a candidate cannot poison a Ray worker. A Ray worker that dies
+mid-task (OOM killer, lost node, a kill) is replaced by Ray and the work re-run (task `max_retries`; actor
+`max_restarts` and `max_task_retries`); a job still without a verdict after its retries gets an infrastructure
+verdict, never a second verdict or none. `ray` is an optional extra
 (`pip install -e .[ray]`), imported only when this backend is used.
 
 Cluster notes: every node needs this package importable (same image, or `runtime_env`), and for builds on one
@@ -17,12 +19,13 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from dice_pipeline.gpu_pool import BUILD_MEMORY_MB, device_lock
-from dice_pipeline.verify.api import ResultCallback, _apply_generated_kernel_rule, _BatchRun
+from dice_pipeline.verify.api import PrestartedJudge, ResultCallback, _apply_generated_kernel_rule, _BatchRun
 from dice_pipeline.verify.config import VerifyConfig, VerifyJob
 from dice_pipeline.verify.static_checks import StaticReport, check_candidate_source
 from dice_pipeline.verify.store import VerdictStore
@@ -59,15 +62,27 @@ def build_task(config: VerifyConfig, job: VerifyJob, static: StaticReport) -> tu
     return run.build(job, static)
 
 
-def judge_task(config: VerifyConfig, job: VerifyJob, static: StaticReport, facts: dict[str, Any]) -> Verdict:
-    """Body of a judge task (holds one GPU, which Ray names in CUDA_VISIBLE_DEVICES): `_BatchRun.judge` under the
-    device's host lock, as the local backend's GPU loop does."""
-    _note_attempt(job.job_id, "judge")
-    ray = import_ray()
-    device = int(ray.get_gpu_ids()[0])
-    run = _BatchRun(replace(config, execute=True, devices=[device]), None)
-    with device_lock(config.device_lock_dir, device):
-        return run.judge(job, static, facts, device)
+class GpuJudge:
+    """A Ray actor holding one GPU (which Ray names in CUDA_VISIBLE_DEVICES): judges candidates one at a time with
+    `_BatchRun.judge` under the device's host lock, as the local backend's GPU loop does. With
+    `prestart_gpu_workers`, the next candidate's worker starts (interpreter and imports, no GPU) while the current
+    one runs: the actor takes two calls at once and the second waits at its gate for the GPU turn."""
+
+    def __init__(self, config: VerifyConfig):
+        ray = import_ray()
+        self.config = config
+        self.device = int(ray.get_gpu_ids()[0])
+        self.run = _BatchRun(replace(config, execute=True, devices=[self.device]), None)
+        self.turn = threading.Lock()  # one candidate on the GPU at a time
+
+    def judge(self, job: VerifyJob, static: StaticReport, facts: dict[str, Any]) -> Verdict:
+        _note_attempt(job.job_id, "judge")
+        if not self.config.prestart_gpu_workers:
+            with self.turn, device_lock(self.config.device_lock_dir, self.device):
+                return self.run.judge(job, static, facts, self.device)
+        waiting = PrestartedJudge(self.run, 0, job, static, facts, self.device)
+        with self.turn, device_lock(self.config.device_lock_dir, self.device):
+            return waiting.go_and_wait()
 
 
 def _lost_verdict(run: _BatchRun, static: StaticReport, stage: str, error: BaseException) -> Verdict:
@@ -110,8 +125,13 @@ def _verify_on_ray(ray, jobs, config, on_result, max_retries, build_cpus, build_
     results: list[Verdict | None] = [None] * len(jobs)
     remote_build = ray.remote(build_task).options(
         num_cpus=build_cpus, memory=build_memory_mb * 2**20, max_retries=max_retries, retry_exceptions=True)
-    remote_judge = ray.remote(judge_task).options(
-        num_cpus=judge_cpus, num_gpus=1, max_retries=max_retries, retry_exceptions=True)
+    # One judge actor per GPU of the cluster, restarted (and its call re-run) if its process dies. Two calls in
+    # flight per actor: the one on the GPU and the prestarted next.
+    judges = [ray.remote(GpuJudge).options(num_cpus=judge_cpus, num_gpus=1, max_concurrency=2,
+                                           max_restarts=max_retries, max_task_retries=max_retries).remote(config)
+              for _ in range(int(cluster_gpus))] if execute else []
+    judge_load = [0] * len(judges)
+    judge_queue: list[tuple[int, dict[str, Any]]] = []
 
     statics = [check_candidate_source(job.reference_src, job.candidate_src,
                                       forbid_torch_compute_on_forward=config.forbid_torch_compute_on_forward)
@@ -146,30 +166,45 @@ def _verify_on_ray(ray, jobs, config, on_result, max_retries, build_cpus, build_
 
     # The config travels once through the object store, not once per task.
     config_ref = ray.put(config)
-    pending: dict[Any, tuple[int, str]] = {}
+    pending: dict[Any, tuple[int, str, int]] = {}
     waiting = list(reversed(to_build))
     limit = max_pending_builds or max(4, 2 * int(cluster.get("CPU", 1)))
-    while waiting or pending:
-        while waiting and sum(1 for _, stage in pending.values() if stage == "build") < limit:
-            index = waiting.pop()
-            pending[remote_build.remote(config_ref, jobs[index], statics[index])] = (index, "build")
-        done, _ = ray.wait(list(pending), num_returns=1)
-        for ref in done:
-            index, stage = pending.pop(ref)
-            static = statics[index]
-            try:
-                value = ray.get(ref)
-            except ray.exceptions.RayError as exc:
-                finish_measured(index, _lost_verdict(run, static, stage, exc))
-                continue
-            if stage == "judge":
-                finish_measured(index, value)
-                continue
-            verdict, facts = value
-            if verdict is None and execute:
-                pending[remote_judge.remote(config_ref, jobs[index], static, facts)] = (index, "judge")
-            else:
-                finish_measured(index, verdict or run.not_executed(static, facts))
+    builds_in_flight = 0
+    try:
+        while waiting or pending or judge_queue:
+            while waiting and builds_in_flight < limit:
+                index = waiting.pop()
+                pending[remote_build.remote(config_ref, jobs[index], statics[index])] = (index, "build", -1)
+                builds_in_flight += 1
+            while judge_queue and min(judge_load) < 2:
+                actor = judge_load.index(min(judge_load))
+                index, facts = judge_queue.pop(0)
+                pending[judges[actor].judge.remote(jobs[index], statics[index], facts)] = (index, "judge", actor)
+                judge_load[actor] += 1
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                index, stage, actor = pending.pop(ref)
+                if stage == "build":
+                    builds_in_flight -= 1
+                else:
+                    judge_load[actor] -= 1
+                static = statics[index]
+                try:
+                    value = ray.get(ref)
+                except ray.exceptions.RayError as exc:
+                    finish_measured(index, _lost_verdict(run, static, stage, exc))
+                    continue
+                if stage == "judge":
+                    finish_measured(index, value)
+                    continue
+                verdict, facts = value
+                if verdict is None and execute:
+                    judge_queue.append((index, facts))
+                else:
+                    finish_measured(index, verdict or run.not_executed(static, facts))
+    finally:
+        for judge in judges:  # the GPUs go back to the cluster with the batch
+            ray.kill(judge)
     missing = [jobs[i].job_id for i, v in enumerate(results) if v is None]
     if missing:
         raise RuntimeError(f"verifier produced no verdict for {missing}")

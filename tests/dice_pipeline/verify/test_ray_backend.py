@@ -120,25 +120,34 @@ def test_a_killed_ray_worker_is_replaced_with_no_verdict_lost_or_duplicated(loca
     assert "quick 0" in verdicts[0].reasons[0].message and "quick 1" in verdicts[2].reasons[0].message
 
 
-def test_judge_tasks_hold_a_gpu_and_judge_like_the_local_gpu_loop(tmp_path, monkeypatch, config):
-    """The judge path on a Ray instance that declares one GPU, with a stand-in nvidia-smi for its workers: the
-    judge task gets GPU 0 from Ray, holds its lock, and runs the run stage in an isolated worker, which finds no
-    CUDA here: a real, reported runtime error, the same one the local backend's GPU loop reports."""
+def _fake_gpu_path(tmp_path) -> str:
+    """PATH with a stand-in nvidia-smi that lists one H200 (the workers find no CUDA when they try it)."""
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
     script = fake_bin / "nvidia-smi"
     script.write_text("#!/bin/sh\nprintf '0, NVIDIA H200, 580.159.04, 9.0\\n'\n")
     script.chmod(0o755)
-    fake_path = f"{fake_bin}:{os.environ['PATH']}"
+    return f"{fake_bin}:{os.environ['PATH']}"
+
+
+def _restart_ray_with_one_gpu(fake_path: str, attempt_dir) -> None:
+    if ray.is_initialized():
+        ray.shutdown()
+    # The workers see a GPU (a declared Ray resource and the stand-in nvidia-smi); this process does not.
+    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PATH": fake_path, ATTEMPT_LOG_ENV: str(attempt_dir)}})
+
+
+def test_gpu_judge_actor_holds_its_gpu_and_judges_like_the_local_gpu_loop(tmp_path, monkeypatch, config):
+    """The judge path on a Ray instance that declares one GPU: the actor gets GPU 0 from Ray, holds its lock and
+    runs the run stage in an isolated worker, which finds no CUDA here: a real, reported runtime error, the same
+    one the local backend's GPU loop reports."""
+    fake_path = _fake_gpu_path(tmp_path)
     jobs = [VerifyJob("needs_gpu_at_import", REFERENCE,
                       _module_code_candidate("import torch\n_warm = torch.zeros(4, device='cuda') + 1")),
             VerifyJob("raises_at_import", REFERENCE, _module_code_candidate("raise RuntimeError('boom')"))]
     config.device_lock_dir = str(tmp_path / "locks")
-
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=2, num_gpus=1, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PATH": fake_path}})  # the workers see a GPU; this process does not
+    _restart_ray_with_one_gpu(fake_path, tmp_path / "attempts")
     try:
         on_ray = verify_batch_ray(jobs, config)
     finally:
@@ -151,3 +160,39 @@ def test_judge_tasks_hold_a_gpu_and_judge_like_the_local_gpu_loop(tmp_path, monk
     assert on_ray[1].status == Status.COMPILE_ERROR
     assert [(v.status, v.reason_codes()) for v in on_ray] == [(v.status, v.reason_codes()) for v in local]
     assert (tmp_path / "locks" / "gpu0.lock").exists()
+
+
+def test_a_killed_gpu_judge_actor_is_restarted_and_its_candidate_judged_once(tmp_path, config):
+    fake_path = _fake_gpu_path(tmp_path)
+    attempts = tmp_path / "attempts"
+    # Sleeps at import in both stages (so the judge is caught mid-run), then needs the GPU the workers lack.
+    slow = VerifyJob("slow_judge", REFERENCE, _module_code_candidate(
+        "import time\ntime.sleep(3)\nimport torch\n_warm = torch.zeros(4, device='cuda') + 1"))
+    quick = VerifyJob("quick_judge", REFERENCE,
+                      _module_code_candidate("import torch\n_warm = torch.zeros(4, device='cuda') + 1"))
+    jobs = [slow, quick]
+    streamed: list[str] = []
+    outcome: dict = {}
+    _restart_ray_with_one_gpu(fake_path, attempts)
+    try:
+        batch = threading.Thread(target=lambda: outcome.update(verdicts=verify_batch_ray(
+            jobs, config, on_result=lambda job, verdict: streamed.append(job.job_id))))
+        batch.start()
+        deadline = time.monotonic() + 90
+        first: list[Path] = []
+        while not first and time.monotonic() < deadline:
+            first = list(attempts.glob("slow_judge.judge.*"))
+            time.sleep(0.1)
+        assert first, "the slow job never reached the judge actor"
+        killed_pid = int(first[0].name.rsplit(".", 1)[1])
+        time.sleep(1.0)  # its run-stage worker is importing the candidate (3 s of sleep)
+        os.kill(killed_pid, signal.SIGKILL)
+        batch.join(timeout=180)
+    finally:
+        ray.shutdown()
+    assert not batch.is_alive()
+    judge_pids = {int(p.name.rsplit(".", 1)[1]) for p in attempts.glob("slow_judge.judge.*")}
+    assert killed_pid in judge_pids and len(judge_pids) == 2  # re-run once, by the restarted actor
+    verdicts = outcome["verdicts"]
+    assert sorted(streamed) == ["quick_judge", "slow_judge"]  # each job reported exactly once
+    assert [(v.status, v.reason_codes()) for v in verdicts] == [(Status.RUNTIME_ERROR, ["no_gpu_in_worker"])] * 2
