@@ -141,7 +141,8 @@ def main() -> int:
     workers = args.build_workers or compile_workers(reserved_cores=reserved)
     report: dict = {
         "script": "benchmarks/scaling_capacity.py", "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "host": platform.node(), "cpu_cores": len(os.sched_getaffinity(0)), "memory_available_mb": available_memory_mb(),
+        "host": platform.node(), "cpu_cores": len(os.sched_getaffinity(0)),
+        "memory_available_mb": available_memory_mb(),
         "gpus": [{"index": g.index, "name": g.name, "driver": g.driver, "arch": g.compute_capability} for g in gpus],
         "budget_s": args.budget_s, "dry_run": args.dry_run, "build_workers": workers,
         "cores_reserved_for_gpu_workers": reserved, "phases": {},
@@ -178,7 +179,8 @@ def main() -> int:
         log(f"compile: {len(jobs)} cold builds, {workers} at a time (time limit {compile_limit:.0f} s each)")
         phase_start = time.perf_counter()
         with MemorySampler() as memory:
-            verdicts = verify_batch(jobs, config, on_result=lambda job, v: log(f"  built {job.job_id[:8]}: {v.summary()}"))
+            verdicts = verify_batch(jobs, config,
+                                    on_result=lambda job, v: log(f"  built {job.job_id[:8]}: {v.summary()}"))
         wall = time.perf_counter() - phase_start
         compiled = [v for v in verdicts if v.compile_seconds is not None and not v.build_cache_hit]
         slots = min(workers - pch_slot, len(jobs)) or 1
@@ -219,7 +221,8 @@ def main() -> int:
                                  "run_timeout_s": max(30.0, left())})
         log(f"{name}: {len(jobs)} candidates on GPU(s) {devices}")
         phase_start = time.perf_counter()
-        verdicts = verify_batch(jobs, config, on_result=lambda job, v: log(f"  judged {job.job_id[:10]}: {v.summary()}"))
+        verdicts = verify_batch(jobs, config,
+                                on_result=lambda job, v: log(f"  judged {job.job_id[:10]}: {v.summary()}"))
         wall = time.perf_counter() - phase_start
         run_seconds = [v.provenance.get("run_seconds") for v in verdicts]
         report["phases"][name] = {
@@ -247,8 +250,9 @@ def main() -> int:
     save()
     compile_phase = report["phases"].get("compile", {})
     judge = report["phases"].get("judge_1gpu", {})
+    build_seconds = (compile_phase.get("compile_seconds") or {}).get("median")
     print(f"SUMMARY compile: {compile_phase.get('builds_per_minute_per_slot_steady')} builds/min per slot "
-          f"({compile_phase.get('parallel_builds')} slots, median {(compile_phase.get('compile_seconds') or {}).get('median')} s, "
+          f"({compile_phase.get('parallel_builds')} slots, median {build_seconds} s, "
           f"{compile_phase.get('memory_per_build_mb')} MB each); verify: {judge.get('candidates_per_minute_per_gpu')} "
           f"candidates/min per GPU ({judge.get('skipped', '')}); total {report['wall_seconds']} s -> {out}")
     return 0

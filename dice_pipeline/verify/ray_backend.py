@@ -89,9 +89,10 @@ def _lost_verdict(run: _BatchRun, static: StaticReport, stage: str, error: BaseE
     status = getattr(Status, "INFRASTRUCTURE_ERROR", None)
     if status is None:  # verifier before 0.3: no status says "the verifier failed, not the candidate"
         raise RuntimeError(f"Ray {stage} task failed after its retries: {error}") from error
-    return Verdict(status=status, reasons=[Reason("ray_task_lost", f"{stage} task failed after its retries: "
-                                                  f"{str(error)[-2000:]}", "compile" if stage == "build" else "correctness")],
-                   flags=list(static.flags), provenance=run.provenance({"backend": "ray"}))
+    reason = Reason("ray_task_lost", f"{stage} task failed after its retries: {str(error)[-2000:]}",
+                    "compile" if stage == "build" else "correctness")
+    return Verdict(status=status, reasons=[reason], flags=list(static.flags),
+                   provenance=run.provenance({"backend": "ray"}))
 
 
 def verify_batch_ray(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,

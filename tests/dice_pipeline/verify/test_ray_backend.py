@@ -196,3 +196,20 @@ def test_a_killed_gpu_judge_actor_is_restarted_and_its_candidate_judged_once(tmp
     verdicts = outcome["verdicts"]
     assert sorted(streamed) == ["quick_judge", "slow_judge"]  # each job reported exactly once
     assert [(v.status, v.reason_codes()) for v in verdicts] == [(Status.RUNTIME_ERROR, ["no_gpu_in_worker"])] * 2
+
+
+def test_a_job_lost_after_its_retries_is_an_infrastructure_verdict_not_a_candidate_failure(config):
+    from dice_pipeline.verify.api import _BatchRun
+    from dice_pipeline.verify.ray_backend import _lost_verdict
+    from dice_pipeline.verify.static_checks import check_candidate_source
+
+    static = check_candidate_source(REFERENCE, HONEST)
+    run = _BatchRun(config, None)
+    error = RuntimeError("worker died 4 times")
+    if getattr(Status, "INFRASTRUCTURE_ERROR", None) is None:  # before verifier 0.3: no such status to give
+        with pytest.raises(RuntimeError, match="failed after its retries"):
+            _lost_verdict(run, static, "judge", error)
+        return
+    verdict = _lost_verdict(run, static, "judge", error)
+    assert verdict.status == Status.INFRASTRUCTURE_ERROR and verdict.reason_codes() == ["ray_task_lost"]
+    assert "worker died 4 times" in verdict.reasons[0].message
