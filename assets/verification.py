@@ -42,7 +42,7 @@ def verified_pairs(context: dg.AssetExecutionContext, concur_pairs: pl.DataFrame
         for row in concur_pairs.select("uuid", "pytorch_code", "generated_code").iter_rows(named=True)
     ]
     context.log.info(f"verifying {len(jobs)} pairs ({verifier.describe()})")
-    verdicts = verifier.verify(jobs, log=context.log.info)
+    verdicts, run_metadata = verifier.verify_for_asset(context, jobs)
     frame = verdicts_frame(concur_pairs, verdicts)
     fingerprint = "\n".join(
         f"{u}:{s}:{'' if x is None else round(x, 2)}"
@@ -52,6 +52,7 @@ def verified_pairs(context: dg.AssetExecutionContext, concur_pairs: pl.DataFrame
         frame,
         hashlib.sha256(fingerprint.encode()).hexdigest()[:16],
         metadata={
+            **run_metadata,
             **table_metadata(
                 frame, VERIFIED_PAIRS, ["uuid", "problem_name", "status", "measured_speedup", "reason_codes"]
             ),

@@ -4,7 +4,7 @@
 # what you keep into benchmarks/results/ and benchmarks/RESULTS.md.
 #
 #   benchmarks/gpu_suite.sh OUT_DIR [PART ...]      PART: tests verify synthesis train decode (default: all)
-#                                                    or decode-smollm2 (not in the default set)
+#                                                    or decode-smollm2, scaling (not in the default set)
 #
 # Rough H200 timings: tests 5 min, verify 10 min, synthesis 5 min, train 3 min, decode 3.5 min, decode-smollm2 6 min.
 # decode-smollm2 converts SmolLM2-135M-Instruct (4 minutes of block-diffusion training) and benchmarks its decoding;
@@ -48,6 +48,8 @@ for part in $PARTS; do
             step train_throughput 400 python3 benchmarks/train_throughput.py --json "$OUT/train_throughput.json" ;;
         decode)
             step decode_throughput 400 python3 benchmarks/decode_throughput.py --json "$OUT/decode_throughput.json" ;;
+        scaling)  # compile throughput per core, verify throughput per GPU (docs/scaling.md); ~3 min
+            step scaling_capacity 300 python3 benchmarks/scaling_capacity.py --out "$OUT/scaling" --budget-s 170 ;;
         decode-smollm2)
             if [ ! -f "${SMOLLM2_GGUF:-}" ] || ! python3 -c "import gguf" 2>/dev/null; then
                 echo "decode-smollm2 needs SMOLLM2_GGUF=<path of the .gguf file> and the gguf package" >&2; exit 2

@@ -8,7 +8,13 @@ from __future__ import annotations
 import dagster as dg
 
 from assets import cuke, evaluation, filtering, ingestion, keys, synthesis, verification
-from dice_pipeline.resources import KernelGeneratorResource, KernelVerifier, WarehouseIOManager, WarehouseResource
+from dice_pipeline.resources import (
+    GpuPool,
+    KernelGeneratorResource,
+    KernelVerifier,
+    WarehouseIOManager,
+    WarehouseResource,
+)
 
 # Assets that depend on the threshold partition; rerunning at a new threshold materializes only these.
 THRESHOLD_DEPENDENT_ASSETS = [
@@ -78,6 +84,8 @@ def build_resources() -> dict:
         "warehouse": WarehouseResource(),
         "verifier": KernelVerifier(),
         "generator": KernelGeneratorResource(),
+        # GPU leases for GPU work launched outside the verifier (training stages through dice_pipeline/pipes.py).
+        "gpu_pool": GpuPool(),
     }
 
 

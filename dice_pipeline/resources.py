@@ -109,7 +109,19 @@ class KernelVerifier(dg.ConfigurableResource):
     compile_timeout_s: float = 900.0
     run_timeout_s: float = 180.0
     build_cache_dir: str = ""  # empty = <project cache>/kernel_builds
-    max_parallel_builds: int = 0  # 0 = one per CPU core
+    max_parallel_builds: int = 0  # 0 = as many as the cores left by the GPU workers and the memory hold
+    # Where judging happens. "local": this host's GPUs, one worker per GPU. "ray": a Ray cluster (builds on CPU
+    # workers, judgements on one-GPU workers; `pip install -e .[ray]`), at `ray_address` (empty = RAY_ADDRESS or a
+    # local Ray instance started for the batch).
+    backend: str = "local"
+    ray_address: str = ""
+    # How the batch is launched. "in_process": in the asset's step process. "pipes": as an external process through
+    # a Dagster Pipes subprocess client (dice_pipeline/pipes.py), logs and metadata reported back; the same command
+    # runs in a Kubernetes pod or a Slurm job with another Pipes client.
+    launch: str = "in_process"
+    # Per-host GPU lock directory shared with the GpuPool resource: two runs never time on one GPU at once. Empty =
+    # DICE_GPU_LOCK_DIR or /tmp/dice_gpu_locks; "off" = no locks.
+    device_lock_dir: str = ""
     # On a GPU-less host, still build every candidate with nvcc (the compile-only stage). Off by default: it costs
     # 1-3 min a candidate on a 2-core machine (measured), so `dice run` there would take most of an hour.
     compile_without_gpu: bool = False
@@ -129,12 +141,17 @@ class KernelVerifier(dg.ConfigurableResource):
     accept_verdicts_from: list[str] = []
 
     def verify_config(self):
+        from dice_pipeline.gpu_pool import default_lock_dir
         from dice_pipeline.paths import cache_dir
         from dice_pipeline.verify import VerifyConfig
 
         if self.execute not in ("auto", "always", "never"):
             raise ValueError(f"execute must be auto, always or never, not {self.execute!r}")
-        optional = {"max_parallel_builds": self.max_parallel_builds} if self.max_parallel_builds else {}
+        if self.backend not in ("local", "ray"):
+            raise ValueError(f"backend must be local or ray, not {self.backend!r}")
+        if self.launch not in ("in_process", "pipes"):
+            raise ValueError(f"launch must be in_process or pipes, not {self.launch!r}")
+        optional = {"max_parallel_builds": self.max_parallel_builds or self._compile_pool_size()}
         return VerifyConfig(
             execute={"auto": None, "always": True, "never": False}[self.execute],
             devices=list(self.devices) or None,
@@ -143,6 +160,7 @@ class KernelVerifier(dg.ConfigurableResource):
             compile_timeout_s=self.compile_timeout_s,
             run_timeout_s=self.run_timeout_s,
             build_cache_dir=self.build_cache_dir or str(cache_dir() / "kernel_builds"),
+            device_lock_dir=None if self.device_lock_dir == "off" else (self.device_lock_dir or default_lock_dir()),
             build_without_gpu=self.compile_without_gpu,
             verdict_store_dir=self.verdict_store_dir or str(cache_dir() / "verdicts"),
             extra_baselines=tuple(self.extra_baselines),
@@ -152,11 +170,25 @@ class KernelVerifier(dg.ConfigurableResource):
             **optional,
         )
 
+    def _compile_pool_size(self) -> int:
+        """Builds side by side: one per core the builds get (verify_batch keeps cores for the GPU workers where the
+        host has enough of them), no more than the available memory holds (dice_pipeline/gpu_pool.py)."""
+        from dice_pipeline.gpu_pool import compile_workers
+        from dice_pipeline.verify import VerifyConfig, gpu_inventory
+        from dice_pipeline.verify.api import split_cpus
+
+        gpus = [] if self.execute == "never" else [g for g in gpu_inventory()
+                                                   if not self.devices or g.index in self.devices]
+        _, build_cpus = split_cpus(VerifyConfig.gpu_worker_cpus * len(gpus))
+        return compile_workers(cpu_cores=len(build_cpus) if build_cpus else None)
+
     def describe(self) -> str:
-        return f"execute={self.execute}, devices={list(self.devices) or 'all'}, trials={self.correctness_trials}"
+        return (f"execute={self.execute}, devices={list(self.devices) or 'all'}, trials={self.correctness_trials}, "
+                f"backend={self.backend}, launch={self.launch}")
 
     def verify(self, jobs: list[tuple[str, str, str]], log=None) -> list:
-        """Judge (job_id, reference_src, candidate_src) triples; returns one Verdict per job, in order."""
+        """Judge (job_id, reference_src, candidate_src) triples in this process (on the configured backend);
+        returns one Verdict per job, in order."""
         from dice_pipeline.verify import VerifyJob, verify_batch
 
         batch = [VerifyJob(job_id, reference, candidate) for job_id, reference, candidate in jobs]
@@ -164,7 +196,55 @@ class KernelVerifier(dg.ConfigurableResource):
         if log is not None:
             def on_result(job, verdict):
                 log(f"{job.job_id}: {verdict.summary()}")
+        if self.backend == "ray":
+            from dice_pipeline.verify.ray_backend import verify_batch_ray
+
+            return verify_batch_ray(batch, self.verify_config(), on_result=on_result,
+                                    address=self.ray_address or None)
         return verify_batch(batch, self.verify_config(), on_result=on_result)
+
+    def verify_for_asset(self, context: dg.AssetExecutionContext,
+                         jobs: list[tuple[str, str, str]]) -> tuple[list, dict]:
+        """`verify` as an asset runs it: in this process, or through Dagster Pipes (`launch`). Returns the verdicts
+        and the metadata the external process reported (empty in process)."""
+        if self.launch == "in_process":
+            return self.verify(jobs, log=context.log.info), {}
+        from dice_pipeline.pipes import verify_through_pipes
+        from dice_pipeline.verify import VerifyJob
+
+        batch = [VerifyJob(job_id, reference, candidate) for job_id, reference, candidate in jobs]
+        return verify_through_pipes(context, batch, self.verify_config(), backend=self.backend,
+                                    ray_address=self.ray_address)
+
+
+class GpuPool(dg.ConfigurableResource):
+    """This host's GPUs, handed out whole: a lease's devices are held by no other lease in any process or run on the
+    host (lock files under `lock_dir`, shared with KernelVerifier.device_lock_dir), and `lease.env()` gives its
+    process CUDA_VISIBLE_DEVICES. Also sizes the compile pool that feeds the GPUs from the cores and memory.
+
+        with gpu_pool.lease(1) as lease:
+            run_module_through_pipes(context, "training.sft", args, env=lease.env())
+    """
+
+    devices: list[int] = []  # empty = every GPU nvidia-smi lists (within CUDA_VISIBLE_DEVICES)
+    lock_dir: str = ""  # empty = DICE_GPU_LOCK_DIR or /tmp/dice_gpu_locks
+    build_memory_mb: int = 3072  # resident memory one candidate build needs (see gpu_pool.BUILD_MEMORY_MB)
+
+    def device_pool(self):
+        from dice_pipeline.gpu_pool import DevicePool
+        from dice_pipeline.verify import gpu_inventory
+
+        return DevicePool(list(self.devices) or [g.index for g in gpu_inventory()], self.lock_dir)
+
+    def lease(self, count: int = 1, timeout_s: float | None = None):
+        """Context manager holding `count` free GPUs (waits while too few are free); yields a GpuLease."""
+        return self.device_pool().lease(count, timeout_s=timeout_s)
+
+    def compile_workers(self, reserved_cores: int = 0) -> int:
+        """Builds to run side by side here: one per core beyond `reserved_cores`, as many as the memory holds."""
+        from dice_pipeline.gpu_pool import compile_workers
+
+        return compile_workers(reserved_cores=reserved_cores, build_memory_mb=self.build_memory_mb)
 
 
 class KernelGeneratorResource(dg.ConfigurableResource):

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import dice_pipeline
+from dice_pipeline.gpu_pool import device_lock
 from dice_pipeline.verify.config import VerifyConfig, VerifyJob
 from dice_pipeline.verify.sandbox import SandboxResult, run_isolated, scrubbed_environment
 from dice_pipeline.verify.static_checks import StaticReport, check_candidate_source
@@ -332,7 +333,9 @@ def verify_batch(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,
         if not config.prestart_gpu_workers:
             while (item := ready.get()) is not None:
                 index, static, facts = item
-                finish_measured(index, run.judge(jobs[index], static, facts, device))
+                with device_lock(config.device_lock_dir, device):
+                    verdict = run.judge(jobs[index], static, facts, device)
+                finish_measured(index, verdict)
             return
         started: queue.Queue[PrestartedJudge | None] = queue.Queue(maxsize=1)
 
@@ -344,7 +347,9 @@ def verify_batch(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,
 
         threading.Thread(target=prestart, daemon=True).start()
         while (judge := started.get()) is not None:
-            finish_measured(judge.index, judge.go_and_wait())
+            with device_lock(config.device_lock_dir, device):  # the prestarted worker touches no GPU before go
+                verdict = judge.go_and_wait()
+            finish_measured(judge.index, verdict)
 
     gpu_threads = [threading.Thread(target=gpu_loop, args=(g.index,), daemon=True) for g in run.gpus] if run.execute else []
     for thread in gpu_threads:

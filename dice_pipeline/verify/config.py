@@ -134,6 +134,9 @@ class VerifyConfig:
     # (torch.compile, default mode). Recorded in `Verdict.baseline_speedups`; they never change the status, and the
     # speedup filter keeps using the eager speedup. Empty = none (the default: timing stays eager-only).
     extra_baselines: tuple[str, ...] = ()
+    # Per-host GPU lock directory (dice_pipeline/gpu_pool.py): each run-stage worker holds its device's lock while
+    # it runs, so concurrent batches (two Dagster runs, a benchmark) never time on one GPU at once. None = no locks.
+    device_lock_dir: str | None = None
 
     def __post_init__(self) -> None:
         if self.tolerance_policy not in TOLERANCE_POLICIES:

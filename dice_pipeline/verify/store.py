@@ -27,6 +27,7 @@ _NOT_IN_KEY = frozenset({
     "build_cache_dir", "max_parallel_builds", "devices", "memory_cap_mb", "gpu_memory_fraction", "execute",
     "use_precompiled_header", "isolate_network", "compile_arch", "build_without_gpu", "compile_timeout_s",
     "run_timeout_s", "verdict_store_dir", "prestart_gpu_workers", "gpu_worker_cpus",
+    "device_lock_dir",
 })
 # VerifyConfig fields that enter the key only when set: at their default (empty) they ask for nothing extra, so a
 # verdict judged before the field existed is the verdict judged now.

@@ -1,0 +1,143 @@
+"""Which GPU a worker may use, across threads, processes and concurrent Dagster runs on one host, and how many
+builds the host's cores and memory can feed the GPUs with.
+
+One lock file per device index under a shared directory, held with `fcntl.flock`: two holders of the same index
+never overlap, whatever process they are in, and the kernel drops the lock when its holder dies, so a killed run
+never leaves a GPU locked. Standard library only (it runs on GPU hosts too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+# Peak resident memory of one candidate build (nvcc + cicc + the host compiler on torch/extension.h). Not measured
+# on our hosts yet (benchmarks/compile_throughput.py records it as `peak_rss_mb`); 3 GiB is the usual figure for a
+# torch extension translation unit and leaves room for ninja running main.cpp beside the CUDA file.
+BUILD_MEMORY_MB = 3072
+
+
+def default_lock_dir() -> str:
+    """Per-host lock directory every run on this host shares (DICE_GPU_LOCK_DIR overrides). Keep it on a local
+    filesystem: flock over NFS is not reliable, and the locks are per host anyway."""
+    return os.environ.get("DICE_GPU_LOCK_DIR") or "/tmp/dice_gpu_locks"
+
+
+def _lock_path(lock_dir: str | os.PathLike, device: int) -> Path:
+    directory = Path(lock_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / f"gpu{int(device)}.lock"
+
+
+def _try_lock(lock_dir: str | os.PathLike, device: int) -> int | None:
+    """An open, exclusively locked descriptor for `device`, or None if someone else holds it."""
+    fd = os.open(_lock_path(lock_dir, device), os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except BaseException:
+        os.close(fd)
+        raise
+    # Who holds it, for a person looking at the directory; the lock itself is the flock, not this text.
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()} since {time.strftime('%Y-%m-%dT%H:%M:%S')}\n".encode())
+    return fd
+
+
+@contextlib.contextmanager
+def device_lock(lock_dir: str | os.PathLike | None, device: int, timeout_s: float | None = None,
+                poll_s: float = 0.05) -> Iterator[None]:
+    """Hold GPU `device` exclusively on this host for the body (waits while another holder has it). `lock_dir`
+    None = no locking (the body runs at once). TimeoutError after `timeout_s` seconds of waiting."""
+    if lock_dir is None:
+        yield
+        return
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while (fd := _try_lock(lock_dir, device)) is None:
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"GPU {device} stayed locked by another worker for {timeout_s:g} s ({lock_dir})")
+        time.sleep(poll_s)
+    try:
+        yield
+    finally:
+        os.close(fd)  # closing the descriptor releases the flock
+
+
+@dataclass(frozen=True)
+class GpuLease:
+    """GPUs held by one worker; `env()` is what its process needs to see only them."""
+
+    devices: tuple[int, ...]
+
+    def env(self) -> dict[str, str]:
+        # nvidia-smi numbers GPUs in PCI order; CUDA must use the same order so an index means the same GPU.
+        return {"CUDA_VISIBLE_DEVICES": ",".join(str(d) for d in self.devices), "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+
+@dataclass
+class DevicePool:
+    """The GPUs of one host, handed out whole: each lease gets devices no other lease (in any process sharing
+    `lock_dir`) holds at the same time."""
+
+    devices: list[int]
+    lock_dir: str = ""
+
+    def __post_init__(self) -> None:
+        self.lock_dir = self.lock_dir or default_lock_dir()
+
+    @contextlib.contextmanager
+    def lease(self, count: int = 1, timeout_s: float | None = None, poll_s: float = 0.05) -> Iterator[GpuLease]:
+        """Hold `count` free devices for the body. Takes all of them or none (never holds some while waiting for
+        the rest, so two leases cannot deadlock); waits while too few are free."""
+        if not 1 <= count <= len(self.devices):
+            raise ValueError(f"asked for {count} GPUs from a pool of {len(self.devices)} ({self.devices})")
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            held: dict[int, int] = {}
+            for device in self.devices:
+                fd = _try_lock(self.lock_dir, device)
+                if fd is not None:
+                    held[device] = fd
+                    if len(held) == count:
+                        break
+            if len(held) == count:
+                break
+            for fd in held.values():
+                os.close(fd)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(f"{count} of GPUs {self.devices} not free within {timeout_s:g} s")
+            time.sleep(poll_s)
+        try:
+            yield GpuLease(tuple(held))
+        finally:
+            for fd in held.values():
+                os.close(fd)
+
+
+def available_memory_mb() -> int | None:
+    """MemAvailable from /proc/meminfo (Linux), or None where it cannot be read."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) // 1024
+    except OSError:
+        return None
+    return None
+
+
+def compile_workers(cpu_cores: int | None = None, memory_mb: int | None = None, reserved_cores: int = 0,
+                    build_memory_mb: int = BUILD_MEMORY_MB) -> int:
+    """Builds to run side by side: one per core left after `reserved_cores` (the GPU workers' cores), and no more
+    than the available memory holds at `build_memory_mb` each. At least 1."""
+    cores = len(os.sched_getaffinity(0)) if cpu_cores is None else cpu_cores
+    memory = available_memory_mb() if memory_mb is None else memory_mb
+    by_cores = cores - reserved_cores if cores - reserved_cores >= 1 else cores
+    by_memory = by_cores if memory is None else memory // max(1, build_memory_mb)
+    return max(1, min(by_cores, by_memory))
