@@ -463,7 +463,10 @@ def measure_references(tasks: list[tuple[str, str]], config: VerifyConfig | None
         while waiting is not None:
             current, following = waiting, take()
             waiting = start(following, device) if following is not None else None  # starts while current runs
-            verdict = current.go_and_wait()
+            # One lane a GPU holds the GPU's lock like verify_batch; several lanes share the GPU on purpose.
+            lock_dir = config.device_lock_dir if lanes_per_gpu <= 1 else None
+            with device_lock(lock_dir, device):
+                verdict = current.go_and_wait()
             status = {Status.CORRECT: "measured"}.get(verdict.status, verdict.status.value)
             message = "; ".join(f"{r.code}: {r.message}" for r in verdict.reasons)[:2000]
             finish(current.index, _reference_row(tasks[current.index][0], verdict, status, message))
