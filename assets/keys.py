@@ -15,6 +15,9 @@ CUKE_INFILLING_TASKS = dg.AssetKey("cuke_infilling_tasks")
 CUKE_INFILLING_REJECTS = dg.AssetKey("cuke_infilling_rejects")
 CUKE_HF_DATASET = dg.AssetKey("cuke_hf_dataset")
 RL_END_TO_END_TASKS = dg.AssetKey("rl_end_to_end_tasks")
+SFT_CHECKPOINT = dg.AssetKey("sft_checkpoint")
+RL_INFILLING_CHECKPOINT = dg.AssetKey("rl_infilling_checkpoint")
+RL_END_TO_END_CHECKPOINT = dg.AssetKey("rl_end_to_end_checkpoint")
 
 # One partition per speedup threshold, keyed canonically ("2.0"): every threshold's table lives side by side.
 THRESHOLD_PARTITIONS = dg.DynamicPartitionsDefinition(name="speedup_threshold")
@@ -25,6 +28,7 @@ GROUP_FILTER = "filter"
 GROUP_SYNTHESIS = "synthesis"
 GROUP_CUKE = "cuke"
 GROUP_RL_DATA = "rl_data"
+GROUP_TRAINING = "training"
 
 
 def table_out(key: dg.AssetKey, description: str) -> dg.AssetOut:

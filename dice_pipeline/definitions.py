@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets import cuke, filtering, ingestion, keys, synthesis, verification
+from assets import cuke, filtering, ingestion, keys, synthesis, training, verification
 from dice_pipeline.resources import KernelGeneratorResource, KernelVerifier, WarehouseIOManager, WarehouseResource
 
 # Assets that depend on the threshold partition; rerunning at a new threshold materializes only these.
@@ -31,13 +31,25 @@ ALL_ASSETS = [
     cuke.cuke_infilling,
     cuke.cuke_hf_dataset,
     cuke.rl_end_to_end_tasks,
+    training.sft_checkpoint,
+    training.rl_infilling_checkpoint,
+    training.rl_end_to_end_checkpoint,
 ]
 
 # Everything from ingestion to the curated dataset, for one threshold partition (the run's partition key).
+# Training is its own job: hours on a GPU, not part of building the data.
 main_job = dg.define_asset_job(
     "dice_main",
-    selection=dg.AssetSelection.all(),
+    selection=dg.AssetSelection.all() - dg.AssetSelection.groups(keys.GROUP_TRAINING),
     description="Ingest, verify, filter at the run's threshold partition, and build the curated dataset.",
+)
+
+
+# SFT -> RL stage 1 -> RL stage 2 on one threshold partition's CuKe (each stage can also be run alone).
+training_job = dg.define_asset_job(
+    "dice_training",
+    selection=dg.AssetSelection.groups(keys.GROUP_TRAINING),
+    description="Block-diffusion SFT, BiC-RL kernel infilling and BiC-RL end-to-end on the partition's CuKe.",
 )
 
 
@@ -50,4 +62,4 @@ def build_resources() -> dict:
     }
 
 
-defs = dg.Definitions(assets=ALL_ASSETS, jobs=[main_job], resources=build_resources())
+defs = dg.Definitions(assets=ALL_ASSETS, jobs=[main_job, training_job], resources=build_resources())

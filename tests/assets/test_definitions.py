@@ -23,6 +23,9 @@ EXPECTED_ASSET_KEYS = sorted([
     "cuke_infilling_rejects",
     "cuke_hf_dataset",
     "rl_end_to_end_tasks",
+    "sft_checkpoint",
+    "rl_infilling_checkpoint",
+    "rl_end_to_end_checkpoint",
 ])
 
 
