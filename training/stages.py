@@ -68,11 +68,13 @@ def chat_prompt(row: dict):
 
 # ----------------------------------------------------------------------------------------------------- base models
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A stage directory (holding `latest`) resolves to its latest `step-N`; anything else is returned as is."""
+    """A stage directory resolves to the `step-N` its `latest` pointer file names; anything else is itself."""
     path = Path(path)
     latest = path / LATEST
-    if latest.exists():
+    if latest.is_dir():  # a symlink to the step
         return latest.resolve()
+    if latest.is_file():
+        return path / latest.read_text().strip()
     return path
 
 
@@ -228,11 +230,9 @@ def save_checkpoint(out_dir: Path, step: int, model, tokenizer, state: dict, opt
     (staging / "trainer_state.json").write_text(json.dumps(state, indent=1))
     shutil.rmtree(final, ignore_errors=True)
     staging.rename(final)
-    link = out_dir / f".{LATEST}.tmp"
-    if link.is_symlink() or link.exists():
-        link.unlink()
-    link.symlink_to(final.name)
-    os.replace(link, out_dir / LATEST)
+    pointer = out_dir / f".{LATEST}.partial"
+    pointer.write_text(final.name)
+    os.replace(pointer, out_dir / LATEST)
     if keep:
         steps = sorted(int(p.name.split("-", 1)[1]) for p in out_dir.glob("step-*") if p.name.split("-", 1)[1].isdigit())
         for old in steps[:-keep]:
@@ -260,8 +260,8 @@ def run_sft_stage(base: str, samples_path: str | Path, out_dir: str | Path, conf
 
     state = None
     latest = out_dir / LATEST
-    if resume and latest.exists():
-        checkpoint = latest.resolve()
+    if resume and latest.is_file():
+        checkpoint = resolve_checkpoint(out_dir)
         state = json.loads((checkpoint / "trainer_state.json").read_text())
         model, tokenizer = load_base(str(checkpoint), block_size=config.block_size)
     elif base.startswith("preset:"):
@@ -383,29 +383,19 @@ def _as_messages(prompt) -> list[dict]:
 
 
 # ----------------------------------------------------------------------------------------------------------- RL
-@dataclass
-class RLStageConfig:
-    """BiC-RL at the paper's settings (lr 1e-6, clip 0.2, KL 0.01, G=16, 64 tasks a step, temperature 1.0, block 4,
-    4 denoising steps, dynamic threshold 0.9); every other key is passed to `training.rl.RLConfig` as is."""
+RL_STAGE_NAMES = {"rl_infilling": "infilling", "rl_end_to_end": "end_to_end"}  # -> RLConfig.stage
 
-    learning_rate: float = 1e-6
-    clip: float = 0.2
-    kl_coef: float = 0.01
-    group_size: int = 16
-    tasks_per_step: int = 64
-    temperature: float = 1.0
-    denoising_steps: int = 4
-    threshold: float = 0.9
-    max_steps: int | None = None
-    max_seconds: float | None = None
-    extra: dict = field(default_factory=dict)
 
-    @classmethod
-    def from_dict(cls, values: dict | None) -> "RLStageConfig":
-        values = dict(values or {})
-        known = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        extra = {**values.pop("extra", {}), **{k: values.pop(k) for k in list(values) if k not in known}}
-        return cls(**values, extra=extra)
+def rl_config_for(stage: str, values: dict | None):
+    """`training.rl.RLConfig` for a stage from a dict of its fields (DICE's settings are RLConfig's defaults:
+    lr 1e-6, clip 0.2, KL 0.01, G=16, 64 tasks a step, temperature 1.0, block 4, 4 steps, threshold 0.9)."""
+    from training.rl import RLConfig
+
+    known = {f.name for f in dataclasses.fields(RLConfig)}
+    unknown = set(values or {}) - known
+    if unknown:
+        raise ValueError(f"unknown RL config keys: {sorted(unknown)} (RLConfig has {sorted(known)})")
+    return RLConfig(**{**(values or {}), "stage": RL_STAGE_NAMES[stage]})
 
 
 def rl_tasks_from_rows(rows: Sequence[dict], stage: str) -> list:
@@ -416,12 +406,16 @@ def rl_tasks_from_rows(rows: Sequence[dict], stage: str) -> list:
 
     if stage == "rl_infilling":
         return [RLTask(task_id=str(r["task_id"]), messages=chat_prompt(r), reference_src=r["pytorch_code"],
-                       difficulty=r.get("difficulty"), prefix=r["prefix"], suffix=r["suffix"]) for r in rows]
+                       difficulty=_difficulty(r), prefix=r["prefix"], suffix=r["suffix"]) for r in rows]
     if stage == "rl_end_to_end":
         ordered = sorted(rows, key=lambda r: r.get("schedule_position", 0))
         return [RLTask(task_id=str(r["task_id"]), messages=kernel_generation_messages(r["pytorch_code"]),
-                       reference_src=r["pytorch_code"], difficulty=r.get("difficulty")) for r in ordered]
+                       reference_src=r["pytorch_code"], difficulty=_difficulty(r)) for r in ordered]
     raise ValueError(f"stage must be rl_infilling or rl_end_to_end, got {stage!r}")
+
+
+def _difficulty(row: dict) -> int:
+    return 0 if row.get("difficulty") is None else int(row["difficulty"])  # unlabelled rows count as easiest
 
 
 def build_reward(kind: str, verify_config: dict | None = None):
@@ -439,34 +433,38 @@ def build_reward(kind: str, verify_config: dict | None = None):
 
 
 def run_rl_stage(base: str | Path, tasks_path: str | Path, out_dir: str | Path, stage: str,
-                 config: RLStageConfig | None = None, reward: str = "static", verify_config: dict | None = None,
+                 config: dict | None = None, reward: str = "static", verify_config: dict | None = None,
                  resume: bool = True, on_step: Callable[[dict], None] | None = None) -> dict:
-    """One BiC-RL stage from the checkpoint `base` (a stage directory resolves to its latest step) on the tasks
-    in `tasks_path`, via `training.rl.train_rl`; checkpoints in `out_dir/step-N` + `latest`."""
-    from training.rl import RLConfig, train_rl
+    """One BiC-RL stage (`rl_infilling` or `rl_end_to_end`) from the checkpoint `base` (a stage directory resolves to
+    its latest step) on the tasks in `tasks_path`, via `training.rl.train_rl`; checkpoints in `out_dir/step-N` +
+    `latest`. Each step record gains `deceptive_share_by_reason` (deceptive rollouts of a reason / rollouts)."""
+    from training.rl import train_rl
 
-    config = config or RLStageConfig()
+    rl_config = rl_config_for(stage, config)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model, tokenizer = load_base(str(base))
+    model, tokenizer = load_base(str(base), block_size=rl_config.block_size)
     model.to(device)
     tasks = rl_tasks_from_rows(read_rows(tasks_path), stage)
     if not tasks:
         raise ValueError(f"{tasks_path}: no RL tasks")
-    rl_fields = {f.name for f in dataclasses.fields(RLConfig)}
-    wanted = {k: v for k, v in dataclasses.asdict(config).items() if k != "extra" and v is not None}
-    wanted.update(config.extra)
-    rl_config = RLConfig(**{k: v for k, v in wanted.items() if k in rl_fields})
+
+    def with_shares(record: dict) -> dict:
+        samples = max(record.get("samples") or 0, 1)
+        record["deceptive_share_by_reason"] = {reason: count / samples for reason, count in
+                                               (record.get("deceptive_by_reason") or {}).items()}
+        return record
+
     started = time.perf_counter()
     history = train_rl(model, tokenizer, tasks, build_reward(reward, verify_config), rl_config, out_dir,
-                       resume=resume, on_step=on_step)
-    checkpoint = resolve_checkpoint(out_dir)
-    step = history[-1]["step"] if history else 0
-    return dict(stage=stage, checkpoint=str(checkpoint), out_dir=str(out_dir), step=step, tasks=len(tasks),
-                tokens_seen=int(sum(r.get("tokens", r.get("rollout_tokens", 0)) for r in history)),
-                seconds=round(time.perf_counter() - started, 3), reward=reward, device=str(device), base=str(base),
-                config=dataclasses.asdict(rl_config), ignored_config=sorted(set(wanted) - rl_fields),
+                       resume=resume, on_step=None if on_step is None else lambda r: on_step(with_shares(r)))
+    history = [with_shares(dict(r)) for r in history]
+    return dict(stage=stage, checkpoint=str(resolve_checkpoint(out_dir)), out_dir=str(out_dir),
+                step=history[-1]["step"] if history else 0, total_steps=rl_config.steps, tasks=len(tasks),
+                tokens_seen=int(sum(r.get("tokens_generated") or 0 for r in history)),
+                seconds=round(history[-1]["wall_seconds"] if history else time.perf_counter() - started, 3),
+                reward=reward, device=str(device), base=str(base), config=dataclasses.asdict(rl_config),
                 history=history)
 
 
@@ -515,7 +513,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result = run_sft_stage(args.base, args.data, args.out, SFTStageConfig.from_dict(config),
                                resume=not args.no_resume, on_step=on_step)
     else:
-        result = run_rl_stage(args.base, args.data, args.out, args.stage, RLStageConfig.from_dict(config),
+        result = run_rl_stage(args.base, args.data, args.out, args.stage, config,
                               reward=args.reward, verify_config=_json_arg(args.verify_config),
                               resume=not args.no_resume, on_step=on_step)
     if bar is not None:
