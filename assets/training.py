@@ -149,7 +149,8 @@ def run_stage_process(context, stage: str, base: str, data: Path, out_dir: Path,
     if not resume:
         command.append("--no-resume")
     root = _repo_root()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    path = os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
     context.log.info(f"{stage}: {' '.join(command)}")
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=log, text=True)

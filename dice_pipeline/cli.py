@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "verify": "dice_pipeline.commands.verify",
     "generate": "dice_pipeline.commands.generate",
     "synthesize": "dice_pipeline.commands.synthesize",
+    "export-training-data": "dice_pipeline.commands.export_training_data",
 }
 
 

@@ -17,7 +17,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -234,7 +234,8 @@ def save_checkpoint(out_dir: Path, step: int, model, tokenizer, state: dict, opt
     pointer.write_text(final.name)
     os.replace(pointer, out_dir / LATEST)
     if keep:
-        steps = sorted(int(p.name.split("-", 1)[1]) for p in out_dir.glob("step-*") if p.name.split("-", 1)[1].isdigit())
+        names = [p.name.split("-", 1)[1] for p in out_dir.glob("step-*")]
+        steps = sorted(int(name) for name in names if name.isdigit())
         for old in steps[:-keep]:
             shutil.rmtree(out_dir / f"step-{old}", ignore_errors=True)
     return final
@@ -354,8 +355,9 @@ def run_sft_stage(base: str, samples_path: str | Path, out_dir: str | Path, conf
         optimizer.step()
         step += 1
         tokens_seen += int(dist.sum(batch.num_clean_tokens if shard else 0))
-        record = dict(step=step, total_steps=total_steps, epoch=epoch, loss=dist.sum(local_loss.item()), lr=optimizer.param_groups[0]["lr"],
-                      tokens_seen=tokens_seen, seconds=round(seconds_before + time.perf_counter() - started, 3))
+        record = dict(step=step, total_steps=total_steps, epoch=epoch, loss=dist.sum(local_loss.item()),
+                      lr=optimizer.param_groups[0]["lr"], tokens_seen=tokens_seen,
+                      seconds=round(seconds_before + time.perf_counter() - started, 3))
         history.append(record)
         if on_step is not None and dist.is_main:
             on_step(record)
@@ -418,23 +420,28 @@ def _difficulty(row: dict) -> int:
     return 0 if row.get("difficulty") is None else int(row["difficulty"])  # unlabelled rows count as easiest
 
 
-def build_reward(kind: str, verify_config: dict | None = None):
+def build_reward(kind: str, verify_config: dict | None = None, batch_timeout_s: float | None = None):
     """`verifier`: the kernel verifier (compiles and passes correctness; runs on a GPU, in isolated workers);
-    `static`: static anti-gaming checks only, for GPU-less hosts (stated in the stage result)."""
+    `static`: static anti-gaming checks only, for GPU-less hosts (stated in the stage result). A reward call still
+    unfinished after `batch_timeout_s` costs the unfinished rollouts their reward (recorded), never the step."""
     from training import rewards
 
     if kind == "static":
-        return rewards.StaticCheckReward()
+        return rewards.StaticCheckReward(batch_timeout_s=batch_timeout_s)
     if kind == "verifier":
         from dice_pipeline.verify import VerifyConfig
 
-        return rewards.VerifierReward(VerifyConfig(**(verify_config or {})))
+        fields = dict(verify_config or {})
+        if "extra_baselines" in fields:
+            fields["extra_baselines"] = tuple(fields["extra_baselines"])
+        return rewards.VerifierReward(VerifyConfig(**fields), batch_timeout_s=batch_timeout_s)
     raise ValueError(f"reward must be 'verifier' or 'static', got {kind!r}")
 
 
 def run_rl_stage(base: str | Path, tasks_path: str | Path, out_dir: str | Path, stage: str,
                  config: dict | None = None, reward: str = "static", verify_config: dict | None = None,
-                 resume: bool = True, on_step: Callable[[dict], None] | None = None) -> dict:
+                 resume: bool = True, on_step: Callable[[dict], None] | None = None,
+                 reward_timeout_s: float | None = None) -> dict:
     """One BiC-RL stage (`rl_infilling` or `rl_end_to_end`) from the checkpoint `base` (a stage directory resolves to
     its latest step) on the tasks in `tasks_path`, via `training.rl.train_rl`; checkpoints in `out_dir/step-N` +
     `latest`. Each step record gains `deceptive_share_by_reason` (deceptive rollouts of a reason / rollouts)."""
@@ -457,7 +464,8 @@ def run_rl_stage(base: str | Path, tasks_path: str | Path, out_dir: str | Path, 
         return record
 
     started = time.perf_counter()
-    history = train_rl(model, tokenizer, tasks, build_reward(reward, verify_config), rl_config, out_dir,
+    reward_fn = build_reward(reward, verify_config, reward_timeout_s)
+    history = train_rl(model, tokenizer, tasks, reward_fn, rl_config, out_dir,
                        resume=resume, on_step=None if on_step is None else lambda r: on_step(with_shares(r)))
     history = [with_shares(dict(r)) for r in history]
     return dict(stage=stage, checkpoint=str(resolve_checkpoint(out_dir)), out_dir=str(out_dir),
@@ -473,11 +481,13 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m training.stages", description=__doc__)
     parser.add_argument("stage", choices=STAGES)
     parser.add_argument("--base", required=True, help="preset:NAME, a .gguf file, a checkpoint or a stage directory")
-    parser.add_argument("--data", required=True, help="SFT samples / infilling tasks / end-to-end tasks (JSONL/Parquet)")
+    parser.add_argument("--data", required=True, help="SFT samples, infilling or end-to-end tasks (JSONL/Parquet)")
     parser.add_argument("--out", required=True, help="the stage's checkpoint directory")
     parser.add_argument("--config", default="{}", help="JSON object of stage config fields (or @file.json)")
     parser.add_argument("--reward", choices=("verifier", "static"), default="static")
     parser.add_argument("--verify-config", default="{}", help="JSON object of VerifyConfig fields (reward=verifier)")
+    parser.add_argument("--reward-timeout-s", type=float, default=None,
+                        help="a reward call unfinished after this long costs the unfinished rollouts their reward")
     parser.add_argument("--results", help="write the stage result here as JSON")
     parser.add_argument("--no-resume", action="store_true", help="start over even if OUT holds a checkpoint")
     parser.add_argument("--no-progress", action="store_true")
@@ -515,7 +525,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         result = run_rl_stage(args.base, args.data, args.out, args.stage, config,
                               reward=args.reward, verify_config=_json_arg(args.verify_config),
-                              resume=not args.no_resume, on_step=on_step)
+                              resume=not args.no_resume, on_step=on_step, reward_timeout_s=args.reward_timeout_s)
     if bar is not None:
         bar.close()
     if args.results and rank == 0:
