@@ -269,7 +269,7 @@ def run_sft_stage(base: str, samples_path: str | Path, out_dir: str | Path, conf
         # Rank 0 builds the random model and trains the tokenizer once; every rank loads that same base.
         base_dir = out_dir / "base"
         if dist.is_main:
-            texts = [m["content"] for r in rows for m in _as_messages(chat_prompt(r))] + [r["response"] for r in rows]
+            texts = training_texts(rows)
             model, tokenizer = load_base(base, texts, config.block_size, config.tokenizer_vocab_size, config.seed)
             model.save_pretrained(base_dir)
             tokenizer.save_pretrained(base_dir)
@@ -378,6 +378,11 @@ def run_sft_stage(base: str, samples_path: str | Path, out_dir: str | Path, conf
                 samples=len(samples), skipped_rows=len(tokenized.skipped), truncated_rows=tokenized.truncated,
                 world_size=dist.world_size, device=str(device), base=base, config=dataclasses.asdict(config),
                 history=history)
+
+
+def training_texts(rows: Sequence[dict]) -> list[str]:
+    """What a preset base's tokenizer is trained on: every chat turn and response of the SFT rows."""
+    return [m["content"] for r in rows for m in _as_messages(chat_prompt(r))] + [r["response"] for r in rows]
 
 
 def _as_messages(prompt) -> list[dict]:
