@@ -1,6 +1,7 @@
 """TraceRL on CPU with a tiny model: advantage arithmetic, the clipped objective and k3 KL by hand, the trace replay
 against the sampler's own distributions and against step-by-step recomputation, the easy->hard schedule, a killed
-and resumed run, reward failures costing one rollout, and the verifier reward's static-only path."""
+and resumed run, reward failures costing one rollout, the verifier reward's static-only path, and two gloo ranks
+training as one process does."""
 
 from __future__ import annotations
 
@@ -13,13 +14,15 @@ import torch
 import training.generate as generate_module
 from dice_pipeline.verify import Status, Verdict, VerifyConfig
 from tests.dice_pipeline.verify.verify_cases import HONEST, REFERENCE, STATIC_CASES
+from tests.training.conftest import CODE_SNIPPETS
 from training import SDARForCausalLM, preset_config
 from training.generate import block_diffusion_generate, model_logits
 from training.rewards import (INFRASTRUCTURE_ERROR, RewardOutcome, RewardRequest, StaticCheckReward,
                               VerifierReward, candidate_source)
 from training.rl import (RLConfig, RLTask, Rollout, group_advantages, order_easy_to_hard, ppo_update, schedule,
-                         score_rollouts, task_order_fingerprint, tasks_for_step, trace_log_probs, trace_rl_token_loss,
-                         train_rl)
+                         score_completions, task_order_fingerprint, tasks_for_step, trace_log_probs,
+                         trace_rl_token_loss, train_rl)
+from training.tokenizer import train_bpe_tokenizer
 
 # --------------------------------------------------------------------------------------------------- advantages
 
@@ -353,10 +356,78 @@ def test_infilling_reward_judges_prefix_plus_generated_middle_plus_suffix():
     assert _request("   ", prefix, suffix).candidate_src is None
 
 
-def test_score_rollouts_sends_one_batched_call(small_tokenizer):
+def test_score_completions_sends_one_batched_call():
     calls = []
-    tasks = _tasks([0])
-    rollouts = [Rollout(0, i, [1], torch.zeros(4, dtype=torch.long), torch.zeros(4, dtype=torch.long), 1, f"t{i}")
-                for i in range(3)]
-    score_rollouts(lambda rs: calls.append(len(rs)) or _parity_reward(rs), tasks, rollouts)
-    assert calls == [3]
+    outcomes = score_completions(lambda rs: calls.append(len(rs)) or _parity_reward(rs), _tasks([0, 1]),
+                                 [(0, "a"), (1, "b"), (0, "c")])
+    assert calls == [3] and [o.reward for o in outcomes] == [1.0, 0.0, 1.0]
+
+
+# ------------------------------------------------------------------------------------------------- two processes
+
+
+def _two_rank_worker(rank: int, workdir: str) -> None:
+    """One of two gloo ranks: a data-parallel PPO update, then a short train_rl run."""
+    import pickle
+
+    torch.set_num_threads(1)
+    torch.distributed.init_process_group("gloo", init_method=f"file://{workdir}/rendezvous", rank=rank,
+                                         world_size=2)
+    try:
+        tokenizer = train_bpe_tokenizer(CODE_SNIPPETS * 4, vocab_size=400, min_frequency=1)
+        model = _fresh_model(tokenizer)
+        rollouts, advantages = _fixed_rollouts(model)
+        config = RLConfig(ppo_epochs=1, minibatches=1, micro_batch_size=2, learning_rate=1e-3)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        update = ppo_update(model, optimizer, rollouts[rank::2], advantages[rank::2], config, step=1)
+        after_update = {k: v.clone() for k, v in model.state_dict().items()}
+
+        reward_calls = []
+
+        def reward(requests):
+            reward_calls.append(len(requests))
+            return _first_in_group_reward(requests)
+
+        history = train_rl(_fresh_model(tokenizer, seed=rank), tokenizer, _tasks([1, 0, 2]), reward,
+                           _small_config(tasks_per_step=3, samples_per_task=2, minibatches=1, ppo_epochs=1),
+                           f"{workdir}/run")
+        with open(f"{workdir}/rank{rank}.pkl", "wb") as out:
+            pickle.dump(dict(update=update, after_update=after_update, history=history, reward_calls=reward_calls),
+                         out)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def _fixed_rollouts(model):
+    prompts = PROMPTS + [[40, 41, 42, 43, 44]]
+    result = block_diffusion_generate(model, prompts, 10, temperature=1.0, generator=torch.Generator().manual_seed(4))
+    rollouts = _rollouts_from_generation(result, prompts, 4)
+    rollouts[1].length, rollouts[2].length = 5, 7
+    return rollouts, [1.0, -1.0, 0.5, -0.5]
+
+
+def test_two_gloo_ranks_train_like_one_process(small_tokenizer, tmp_path):
+    import pickle
+
+    torch.multiprocessing.spawn(_two_rank_worker, args=(str(tmp_path),), nprocs=2, join=True)
+    ranks = [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in range(2)]
+
+    # The data-parallel update (each rank half the rollouts) is the single-process update on all of them.
+    model = _fresh_model(small_tokenizer)
+    rollouts, advantages = _fixed_rollouts(model)
+    single = ppo_update(model, torch.optim.AdamW(model.parameters(), lr=1e-3), rollouts, advantages,
+                        RLConfig(ppo_epochs=1, minibatches=1, micro_batch_size=2), step=1)
+    for rank in ranks:
+        assert rank["update"]["loss"] == pytest.approx(single["loss"], abs=1e-6)
+        assert rank["update"]["tokens_trained"] == single["tokens_trained"] == 10 + 5 + 7 + 10
+        for name, value in model.state_dict().items():
+            assert torch.allclose(rank["after_update"][name], value, atol=1e-6), name
+
+    # train_rl: rank 0 alone judges every rollout of a step in one call; both ranks end with the same history.
+    assert ranks[0]["reward_calls"] == [6, 6] and ranks[1]["reward_calls"] == []
+    first, second = ranks[0]["history"], ranks[1]["history"]
+    assert [r["samples"] for r in first] == [6, 6] and [r["ranks"] for r in first] == [2, 2]
+    for a, b in zip(first, second):
+        assert {k: v for k, v in a.items() if not k.startswith(("seconds", "wall"))} == \
+               {k: v for k, v in b.items() if not k.startswith(("seconds", "wall"))}
+    assert (tmp_path / "run" / "latest").read_text() == "step-2"
