@@ -463,7 +463,10 @@ def ppo_update(model, optimizer, rollouts: Sequence[Rollout], advantages: Sequen
     (summed over ranks). Every rank takes the same optimizer steps, with the summed gradients."""
     processes = processes or Processes()
     device = next(model.parameters()).device
-    old = trace_log_probs(model, rollouts, config)
+    # With one optimizer step a step, the policy being trained IS the rollout policy: its own (detached) log-probs
+    # are the old ones, saving a replay. Otherwise they are replayed once, before the first step changes it.
+    single_step = config.ppo_epochs == 1 and config.minibatches == 1
+    old = None if single_step else trace_log_probs(model, rollouts, config)
     offsets = token_offsets(rollouts)
     token_advantages = torch.tensor([a for r, a in zip(rollouts, advantages) for _ in range(r.length)],
                                     dtype=torch.float32, device=device)
@@ -489,7 +492,8 @@ def ppo_update(model, optimizer, rollouts: Sequence[Rollout], advantages: Sequen
                     trace = trace.to(device)
                     with autocast:
                         log_probs = trace_forward(model, trace, config.temperature, config.attention_backend)
-                    loss, k3, clipped = trace_rl_token_loss(log_probs, old[trace.token_index],
+                    old_log_probs = log_probs.detach() if old is None else old[trace.token_index]
+                    loss, k3, clipped = trace_rl_token_loss(log_probs, old_log_probs,
                                                             token_advantages[trace.token_index], config.clip,
                                                             config.kl_coef)
                     (loss.sum() / n_tokens).backward()

@@ -431,3 +431,16 @@ def test_two_gloo_ranks_train_like_one_process(small_tokenizer, tmp_path):
         assert {k: v for k, v in a.items() if not k.startswith(("seconds", "wall"))} == \
                {k: v for k, v in b.items() if not k.startswith(("seconds", "wall"))}
     assert (tmp_path / "run" / "latest").read_text() == "step-2"
+
+
+@pytest.mark.gpu
+def test_trace_replay_on_the_gpu_gives_the_cpu_log_probs(tiny_model):
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    result = block_diffusion_generate(tiny_model, PROMPTS, 9, strategy="dynamic", threshold=0.004, temperature=1.0,
+                                      generator=torch.Generator().manual_seed(1))
+    rollouts = _rollouts_from_generation(result, PROMPTS, 4)
+    config = RLConfig(micro_batch_size=2)
+    on_cpu = trace_log_probs(tiny_model, rollouts, config)
+    on_gpu = trace_log_probs(tiny_model.cuda(), rollouts, config).cpu()  # flex attention, bf16 autocast
+    assert torch.allclose(on_cpu, on_gpu, atol=5e-2)
