@@ -66,7 +66,9 @@ class RLConfig:
     rollout_batch_size: int = 64  # prompts per sampler call
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    attention_backend: str = "auto"  # replay attention: "dense" (CPU), "flex" (GPU), "auto" picks by device
+    # Replay attention: "dense" (a bool mask, SDPA; any shape, nothing to compile) or "flex" (a BlockMask; compiled
+    # for each new row shape, and replay rows vary in length). "auto" = dense.
+    attention_backend: str = "auto"
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
@@ -75,6 +77,10 @@ class RLConfig:
             raise ValueError("RL samples: temperature must be > 0 (log-probs are taken at the sampling temperature)")
         if self.samples_per_task < 2:
             raise ValueError("samples_per_task must be >= 2 (advantages are z-scores within a task's samples)")
+        if self.attention_backend not in ("auto", "dense", "flex"):
+            raise ValueError(f"attention_backend must be 'auto', 'dense' or 'flex', got {self.attention_backend!r}")
+        if self.strategy not in ("static", "dynamic"):
+            raise ValueError(f"strategy must be 'static' or 'dynamic', got {self.strategy!r}")
         if self.denoising_steps < 1 or self.denoising_steps > self.block_size:
             raise ValueError("denoising_steps must be in [1, block_size]")
         for name in ("steps", "tasks_per_step", "checkpoint_every", "ppo_epochs", "minibatches", "micro_batch_size",
@@ -338,7 +344,7 @@ def trace_forward(model, trace: TraceBatch, temperature: float, attention_backen
     """Log-probs [num scored] of the committed tokens under the states of `trace`, at the sampling temperature and
     with the MASK token excluded, as the sampler drew them (generate.sample_tokens)."""
     batch = trace.batch
-    mask = build_attention_mask(batch, attention_backend)
+    mask = build_attention_mask(batch, "dense" if attention_backend == "auto" else attention_backend)
     hidden = model.model(batch.input_ids, batch.position_ids, mask).last_hidden_state
     picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.scored_index)
     logits = model.lm_head(picked).float()
@@ -349,6 +355,7 @@ def trace_forward(model, trace: TraceBatch, temperature: float, attention_backen
 
 
 def _row_multiple(device) -> int:
+    """Replay rows are padded to a multiple of this: flex's 128-token tiles, aligned masks for SDPA's kernels."""
     return 128 if torch.device(device).type == "cuda" else 1
 
 
@@ -593,6 +600,7 @@ def _outcome_metrics(outcomes: Sequence[RewardOutcome]) -> dict:
         deceptive=len(deceptive),
         deceptive_share=len(deceptive) / len(outcomes) if outcomes else 0.0,
         deceptive_by_reason=dict(sorted(by_reason.items())),
+        deceptive_share_by_reason={code: count / len(outcomes) for code, count in sorted(by_reason.items())},
         status_counts=dict(sorted(Counter(o.status for o in outcomes).items())),
     )
 

@@ -279,12 +279,15 @@ def test_a_reward_failure_costs_only_that_rollout(small_tokenizer, tmp_path):
     def marking_reward(requests):
         outcomes = _parity_reward(requests)
         outcomes[0] = RewardOutcome(0.0, INFRASTRUCTURE_ERROR, error="lost worker")
+        outcomes[5] = RewardOutcome(0.0, "deceptive", ["baseline_kernel"], deceptive=True)
         return outcomes
 
     config = _small_config(steps=1)
     probe = train_rl(_fresh_model(small_tokenizer), small_tokenizer, _tasks([0, 1]), marking_reward, config,
                      tmp_path / "marked")[0]
     assert probe["reward_excluded"] == 1 and probe["status_counts"][INFRASTRUCTURE_ERROR] == 1
+    assert probe["deceptive"] == 1 and probe["deceptive_by_reason"] == {"baseline_kernel": 1}
+    assert probe["deceptive_share"] == probe["deceptive_share_by_reason"]["baseline_kernel"] == 1 / 8
     assert probe["samples"] == 8
 
     # Find a completion to fail on (same seeds: the same completions come again).
@@ -434,13 +437,12 @@ def test_two_gloo_ranks_train_like_one_process(small_tokenizer, tmp_path):
 
 
 @pytest.mark.gpu
-def test_trace_replay_on_the_gpu_gives_the_cpu_log_probs(tiny_model):
-    if not torch.cuda.is_available():
-        pytest.skip("no CUDA device")
+@pytest.mark.parametrize("backend", ["dense", "flex"])
+def test_trace_replay_on_the_gpu_gives_the_cpu_log_probs(tiny_model, backend):
     result = block_diffusion_generate(tiny_model, PROMPTS, 9, strategy="dynamic", threshold=0.004, temperature=1.0,
                                       generator=torch.Generator().manual_seed(1))
     rollouts = _rollouts_from_generation(result, PROMPTS, 4)
-    config = RLConfig(micro_batch_size=2)
-    on_cpu = trace_log_probs(tiny_model, rollouts, config)
-    on_gpu = trace_log_probs(tiny_model.cuda(), rollouts, config).cpu()  # flex attention, bf16 autocast
+    on_cpu = trace_log_probs(tiny_model, rollouts, RLConfig(micro_batch_size=2))
+    on_gpu = trace_log_probs(tiny_model.cuda(), rollouts,  # bf16 autocast
+                             RLConfig(micro_batch_size=2, attention_backend=backend)).cpu()
     assert torch.allclose(on_cpu, on_gpu, atol=5e-2)
