@@ -24,6 +24,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -64,6 +65,9 @@ class RLConfig:
     minibatches: int = 1  # optimizer steps per pass (rollouts split evenly)
     micro_batch_size: int = 8  # rollouts per replay forward (gradient accumulation; memory, not maths)
     rollout_batch_size: int = 64  # prompts per sampler call
+    # While later rollouts are still sampled, hand each finished batch to the reward's `prepare` (the verifier
+    # compiles them on the CPU); judging, which uses the GPU, still waits until sampling is done. One process only.
+    overlap_reward_builds: bool = True
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     # Replay attention: "dense" (a bool mask, SDPA; any shape, nothing to compile) or "flex" (a BlockMask; compiled
@@ -208,8 +212,10 @@ def prompt_ids_for(tokenizer, task: RLTask) -> list[int]:
 
 @torch.no_grad()
 def generate_rollouts(model, tokenizer, tasks: Sequence[RLTask], config: RLConfig,
-                      generator: torch.Generator | None = None) -> list[Rollout]:
-    """G samples of every task (task-major order), `rollout_batch_size` prompts per sampler call."""
+                      generator: torch.Generator | None = None,
+                      on_batch: Callable[[list[Rollout]], None] | None = None) -> list[Rollout]:
+    """G samples of every task (task-major order), `rollout_batch_size` prompts per sampler call; `on_batch` gets
+    each call's rollouts as soon as they exist."""
     model.eval()
     prompts = [prompt_ids_for(tokenizer, task) for task in tasks]
     jobs = [(t, g) for t in range(len(tasks)) for g in range(config.samples_per_task)]
@@ -228,6 +234,8 @@ def generate_rollouts(model, tokenizer, tasks: Sequence[RLTask], config: RLConfi
             rollouts.append(Rollout(t, g, prompts[t], result.block_tokens[row, :blocks].clone(),
                                     result.block_unmask_steps[row, :blocks].clone(), length,
                                     tokenizer.decode(result.tokens[row, :length], skip_special_tokens=True)))
+        if on_batch is not None:
+            on_batch(rollouts[-len(chunk):])
     return rollouts
 
 
@@ -616,12 +624,31 @@ def rl_step(model, tokenizer, optimizer, step_tasks: Sequence[RLTask], reward_fn
     device = next(model.parameters()).device
     started = time.perf_counter()
     mine = list(range(processes.rank, len(step_tasks), processes.world))
+    preparing, prepare_seconds = [], [0.0]
+    on_batch = None
+    if config.overlap_reward_builds and hasattr(reward_fn, "prepare") and processes.world == 1:
+        background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward-prepare")
+
+        def prepare(requests: list[RewardRequest]) -> None:
+            began = time.perf_counter()
+            reward_fn.prepare(requests)
+            prepare_seconds[0] += time.perf_counter() - began
+
+        def on_batch(batch: list[Rollout]) -> None:
+            requests = [RewardRequest(step_tasks[r.task_index], r.text, candidate_source(step_tasks[r.task_index],
+                                                                                            r.text)) for r in batch]
+            preparing.append(background.submit(prepare, requests))
+
     rollouts = generate_rollouts(model, tokenizer, [step_tasks[i] for i in mine], config,
-                                 _step_generator(config, step, device, processes.rank))
+                                 _step_generator(config, step, device, processes.rank), on_batch)
     for rollout in rollouts:
         rollout.task_index = mine[rollout.task_index]  # index into the step's tasks
     everyone = processes.gather([(r.task_index, r.sample_index, r.text, r.length) for r in rollouts])
     rollout_done = time.perf_counter()
+    for future in preparing:  # builds still running: the judging call would only wait for them itself
+        future.result()
+    if preparing:
+        background.shutdown()
     outcomes = None
     if processes.rank == 0:
         outcomes = score_completions(reward_fn, step_tasks, [(t, text) for t, _, text, _ in everyone])
@@ -646,8 +673,12 @@ def rl_step(model, tokenizer, optimizer, step_tasks: Sequence[RLTask], reward_fn
         record.update(loss=None, kl=None, clip_fraction=None, grad_norm=None, optimizer_steps=0, tokens_trained=0,
                       update="skipped: every group had equal rewards (no signal)")
     finished = time.perf_counter()
+    # seconds_reward: what the policy waited for the reward after sampling ended. seconds_reward_prepare: the time
+    # the reward spent preparing (building) batches handed to it during sampling (the part that ran after sampling
+    # ended is also in seconds_reward).
     record.update(seconds_rollout=rollout_done - started, seconds_reward=reward_done - rollout_done,
-                  seconds_update=finished - reward_done, seconds=finished - started, ranks=processes.world)
+                  seconds_reward_prepare=prepare_seconds[0], seconds_update=finished - reward_done,
+                  seconds=finished - started, ranks=processes.world)
     return record
 
 

@@ -446,3 +446,36 @@ def test_trace_replay_on_the_gpu_gives_the_cpu_log_probs(tiny_model, backend):
     on_gpu = trace_log_probs(tiny_model.cuda(), rollouts,  # bf16 autocast
                              RLConfig(micro_batch_size=2, attention_backend=backend)).cpu()
     assert torch.allclose(on_cpu, on_gpu, atol=5e-2)
+
+
+def test_reward_builds_overlap_sampling_batch_by_batch_before_the_one_judging_call(small_tokenizer, tmp_path):
+    events = []
+
+    class PreparingReward:
+        def prepare(self, requests):
+            events.append(("prepare", len(requests)))
+
+        def __call__(self, requests):
+            events.append(("judge", len(requests)))
+            return _first_in_group_reward(requests)
+
+    config = _small_config(steps=1, rollout_batch_size=4)
+    record = train_rl(_fresh_model(small_tokenizer), small_tokenizer, _tasks([0, 1]), PreparingReward(), config,
+                      tmp_path)[0]
+    assert events == [("prepare", 4), ("prepare", 4), ("judge", 8)]
+    assert record["seconds_reward_prepare"] >= 0 and record["update"] == "applied"
+
+
+def test_verifier_reward_prepare_builds_without_executing():
+    configs = []
+
+    def verify(jobs, config, on_result=None):
+        configs.append((len(jobs), config))
+        return []
+
+    requests = [_request(f"```python\n{HONEST}\n```"), _request("no code here")]
+    VerifierReward(verify=verify).prepare(requests)
+    (count, config), = configs
+    assert count == 1 and config.execute is False and config.build_without_gpu and config.verdict_store_dir is None
+    StaticCheckReward(verify=verify).prepare(requests)  # static only: nothing to build ahead
+    assert len(configs) == 1
