@@ -357,9 +357,8 @@ def trace_forward(model, trace: TraceBatch, temperature: float, attention_backen
     picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.scored_index)
     logits = model.lm_head(picked).float()
     logits[:, model.config.mask_token_id] = float("-inf")
-    log_probs = torch.log_softmax(logits / temperature, dim=-1)
     targets = batch.targets.flatten().index_select(0, batch.scored_index)
-    return log_probs.gather(-1, targets[:, None]).squeeze(-1)
+    return -torch.nn.functional.cross_entropy(logits / temperature, targets, reduction="none")
 
 
 def _row_multiple(device) -> int:
