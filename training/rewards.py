@@ -10,7 +10,6 @@ process: torch runs only inside the verifier's workers).
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
@@ -129,6 +128,20 @@ class VerifierReward:
             outcomes[index] = verdict if isinstance(verdict, RewardOutcome) else self.outcome(verdict)
         return [o for o in outcomes if o is not None]
 
+    def prepare(self, requests: list[RewardRequest]) -> None:
+        """Build these candidates now (static checks and compiles into the verifier's build cache; nothing
+        executes), while the policy is still sampling: the reward call that judges them later finds their builds
+        cached. Only an optimisation: a failure here changes no verdict, so it is ignored."""
+        if self.config.execute is False and not self.config.build_without_gpu:
+            return  # the judging call will build nothing either
+        jobs = [VerifyJob(f"{r.task.task_id}#prepare{i}", r.task.reference_src, r.candidate_src)
+                for i, r in enumerate(requests) if r.candidate_src is not None]
+        if jobs:
+            try:
+                self.verify(jobs, replace(self.config, execute=False, build_without_gpu=True, verdict_store_dir=None))
+            except Exception:  # noqa: BLE001 - see docstring
+                pass
+
     def _verify(self, jobs: list[VerifyJob]) -> list:
         """Verdicts in job order; a verifier failure or timeout becomes infrastructure_error outcomes."""
         if not jobs:
@@ -191,8 +204,3 @@ class StaticCheckReward(VerifierReward):
         what = "static checks and build only" if self.build else "static checks only"
         outcome.message = f"{what}: nothing executed. {outcome.message}".strip()
         return outcome
-
-
-def timed(reward_fn: RewardFn, requests: list[RewardRequest]) -> tuple[list[RewardOutcome], float]:
-    started = time.perf_counter()
-    return reward_fn(requests), time.perf_counter() - started

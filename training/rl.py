@@ -24,6 +24,7 @@ import shutil
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -64,9 +65,14 @@ class RLConfig:
     minibatches: int = 1  # optimizer steps per pass (rollouts split evenly)
     micro_batch_size: int = 8  # rollouts per replay forward (gradient accumulation; memory, not maths)
     rollout_batch_size: int = 64  # prompts per sampler call
+    # While later rollouts are still sampled, hand each finished batch to the reward's `prepare` (the verifier
+    # compiles them on the CPU); judging, which uses the GPU, still waits until sampling is done. One process only.
+    overlap_reward_builds: bool = True
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    attention_backend: str = "auto"  # replay attention: "dense" (CPU), "flex" (GPU), "auto" picks by device
+    # Replay attention: "dense" (a bool mask, SDPA; any shape, nothing to compile) or "flex" (a BlockMask; compiled
+    # for each new row shape, and replay rows vary in length). "auto" = dense.
+    attention_backend: str = "auto"
 
     def __post_init__(self) -> None:
         if self.stage not in STAGES:
@@ -75,6 +81,10 @@ class RLConfig:
             raise ValueError("RL samples: temperature must be > 0 (log-probs are taken at the sampling temperature)")
         if self.samples_per_task < 2:
             raise ValueError("samples_per_task must be >= 2 (advantages are z-scores within a task's samples)")
+        if self.attention_backend not in ("auto", "dense", "flex"):
+            raise ValueError(f"attention_backend must be 'auto', 'dense' or 'flex', got {self.attention_backend!r}")
+        if self.strategy not in ("static", "dynamic"):
+            raise ValueError(f"strategy must be 'static' or 'dynamic', got {self.strategy!r}")
         if self.denoising_steps < 1 or self.denoising_steps > self.block_size:
             raise ValueError("denoising_steps must be in [1, block_size]")
         for name in ("steps", "tasks_per_step", "checkpoint_every", "ppo_epochs", "minibatches", "micro_batch_size",
@@ -202,8 +212,10 @@ def prompt_ids_for(tokenizer, task: RLTask) -> list[int]:
 
 @torch.no_grad()
 def generate_rollouts(model, tokenizer, tasks: Sequence[RLTask], config: RLConfig,
-                      generator: torch.Generator | None = None) -> list[Rollout]:
-    """G samples of every task (task-major order), `rollout_batch_size` prompts per sampler call."""
+                      generator: torch.Generator | None = None,
+                      on_batch: Callable[[list[Rollout]], None] | None = None) -> list[Rollout]:
+    """G samples of every task (task-major order), `rollout_batch_size` prompts per sampler call; `on_batch` gets
+    each call's rollouts as soon as they exist."""
     model.eval()
     prompts = [prompt_ids_for(tokenizer, task) for task in tasks]
     jobs = [(t, g) for t in range(len(tasks)) for g in range(config.samples_per_task)]
@@ -222,6 +234,8 @@ def generate_rollouts(model, tokenizer, tasks: Sequence[RLTask], config: RLConfi
             rollouts.append(Rollout(t, g, prompts[t], result.block_tokens[row, :blocks].clone(),
                                     result.block_unmask_steps[row, :blocks].clone(), length,
                                     tokenizer.decode(result.tokens[row, :length], skip_special_tokens=True)))
+        if on_batch is not None:
+            on_batch(rollouts[-len(chunk):])
     return rollouts
 
 
@@ -338,17 +352,17 @@ def trace_forward(model, trace: TraceBatch, temperature: float, attention_backen
     """Log-probs [num scored] of the committed tokens under the states of `trace`, at the sampling temperature and
     with the MASK token excluded, as the sampler drew them (generate.sample_tokens)."""
     batch = trace.batch
-    mask = build_attention_mask(batch, attention_backend)
+    mask = build_attention_mask(batch, "dense" if attention_backend == "auto" else attention_backend)
     hidden = model.model(batch.input_ids, batch.position_ids, mask).last_hidden_state
     picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.scored_index)
     logits = model.lm_head(picked).float()
     logits[:, model.config.mask_token_id] = float("-inf")
-    log_probs = torch.log_softmax(logits / temperature, dim=-1)
     targets = batch.targets.flatten().index_select(0, batch.scored_index)
-    return log_probs.gather(-1, targets[:, None]).squeeze(-1)
+    return -torch.nn.functional.cross_entropy(logits / temperature, targets, reduction="none")
 
 
 def _row_multiple(device) -> int:
+    """Replay rows are padded to a multiple of this: flex's 128-token tiles, aligned masks for SDPA's kernels."""
     return 128 if torch.device(device).type == "cuda" else 1
 
 
@@ -373,11 +387,12 @@ def trace_log_probs(model, rollouts: Sequence[Rollout], config: RLConfig) -> tor
 # ------------------------------------------------------------------------------------------------------- rewards
 
 
-def score_rollouts(reward_fn: RewardFn, tasks: Sequence[RLTask], rollouts: Sequence[Rollout]) -> list[RewardOutcome]:
-    """One reward call for the whole step. If the call raises, each request is retried alone, so a failure costs
-    only the rollouts it concerns their reward (recorded as `infrastructure_error`), never the step."""
-    requests = [RewardRequest(tasks[r.task_index], r.text, candidate_source(tasks[r.task_index], r.text))
-                for r in rollouts]
+def score_completions(reward_fn: RewardFn, tasks: Sequence[RLTask],
+                      completions: Sequence[tuple[int, str]]) -> list[RewardOutcome]:
+    """Judge (task index, completion text) pairs in ONE reward call. If the call raises, each request is retried
+    alone, so a failure costs only the rollouts it concerns their reward (recorded as `infrastructure_error`),
+    never the step."""
+    requests = [RewardRequest(tasks[t], text, candidate_source(tasks[t], text)) for t, text in completions]
     try:
         outcomes = reward_fn(requests)
         if len(outcomes) != len(requests):
@@ -395,30 +410,92 @@ def score_rollouts(reward_fn: RewardFn, tasks: Sequence[RLTask], rollouts: Seque
     return outcomes
 
 
+# ---------------------------------------------------------------------------------------------------- processes
+
+
+class Processes:
+    """This process's place in a `torchrun` job (rank, world size), or a lone process. Without an initialised
+    process group every collective is the identity, so the same training code runs on one device and across
+    several (data parallel: each rank samples its share of the step's tasks, rank 0 calls the reward for all of
+    them, gradients are summed across ranks before each optimizer step, as DDP does)."""
+
+    def __init__(self) -> None:
+        dist = torch.distributed
+        self.active = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self.active else 0
+        self.world = dist.get_world_size() if self.active else 1
+
+    def sum(self, value: float, device) -> float:
+        if not self.active:
+            return value
+        tensor = torch.tensor([float(value)], dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(tensor)
+        return float(tensor.item())
+
+    def gather(self, items: list) -> list:
+        """Every rank's list, concatenated in rank order, on every rank."""
+        if not self.active:
+            return list(items)
+        gathered: list = [None] * self.world
+        torch.distributed.all_gather_object(gathered, items)
+        return [item for part in gathered for item in part]
+
+    def from_rank_zero(self, value):
+        if not self.active:
+            return value
+        box = [value]
+        torch.distributed.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def sum_gradients(self, model) -> None:
+        if not self.active:
+            return
+        for parameter in model.parameters():
+            if parameter.grad is None:
+                parameter.grad = torch.zeros_like(parameter)
+            torch.distributed.all_reduce(parameter.grad)
+
+    def same_parameters(self, model) -> None:
+        """Start every rank from rank 0's weights."""
+        if self.active:
+            for tensor in list(model.parameters()) + list(model.buffers()):
+                torch.distributed.broadcast(tensor.data, src=0)
+
+    def barrier(self) -> None:
+        if self.active:
+            torch.distributed.barrier()
+
+
 # --------------------------------------------------------------------------------------------------------- update
 
 
 def ppo_update(model, optimizer, rollouts: Sequence[Rollout], advantages: Sequence[float], config: RLConfig,
-               step: int) -> dict:
+               step: int, processes: Processes | None = None) -> dict:
     """PPO-clip epochs over `rollouts` (each with its advantage): old log-probs by replay under the rollout policy,
-    then `minibatches` optimizer steps a pass, each on the token mean of its rollouts' TraceRL loss (micro-batches
-    accumulate gradients exactly: each contributes its token sum over the minibatch's token count)."""
+    then `minibatches` optimizer steps a pass, each on the token mean of its rollouts' TraceRL loss. Micro-batches
+    (and ranks) accumulate gradients exactly: each contributes its token sum over the minibatch's token count
+    (summed over ranks). Every rank takes the same optimizer steps, with the summed gradients."""
+    processes = processes or Processes()
     device = next(model.parameters()).device
-    old = trace_log_probs(model, rollouts, config)
+    # With one optimizer step a step, the policy being trained IS the rollout policy: its own (detached) log-probs
+    # are the old ones, saving a replay. Otherwise they are replayed once, before the first step changes it.
+    single_step = config.ppo_epochs == 1 and config.minibatches == 1
+    old = None if single_step else trace_log_probs(model, rollouts, config)
     offsets = token_offsets(rollouts)
-    token_advantages = torch.cat([torch.full((r.length,), a, dtype=torch.float32)
-                                  for r, a in zip(rollouts, advantages)]).to(device)
+    token_advantages = torch.tensor([a for r, a in zip(rollouts, advantages) for _ in range(r.length)],
+                                    dtype=torch.float32, device=device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda")
-    shuffler = random.Random(f"{config.seed}:{step}")
+    shuffler = random.Random(f"{config.seed}:{step}:{processes.rank}")
     losses, kl_sum, clipped_sum, tokens_seen, grad_norms = [], 0.0, 0, 0, []
     model.train()
     for _ in range(config.ppo_epochs):
         order = list(range(len(rollouts)))
         shuffler.shuffle(order)
-        size = -(-len(order) // config.minibatches)
-        for start in range(0, len(order), size):
-            chosen = order[start:start + size]
-            n_tokens = sum(rollouts[i].length for i in chosen)
+        for k in range(config.minibatches):
+            chosen = order[k * len(order) // config.minibatches:(k + 1) * len(order) // config.minibatches]
+            n_tokens = processes.sum(sum(rollouts[i].length for i in chosen), device)
+            if n_tokens == 0:  # no rollout in this minibatch on any rank
+                continue
             optimizer.zero_grad(set_to_none=True)
             minibatch_loss = 0.0
             for micro_start in range(0, len(chosen), config.micro_batch_size):
@@ -429,21 +506,24 @@ def ppo_update(model, optimizer, rollouts: Sequence[Rollout], advantages: Sequen
                     trace = trace.to(device)
                     with autocast:
                         log_probs = trace_forward(model, trace, config.temperature, config.attention_backend)
-                    loss, k3, clipped = trace_rl_token_loss(log_probs, old[trace.token_index],
+                    old_log_probs = log_probs.detach() if old is None else old[trace.token_index]
+                    loss, k3, clipped = trace_rl_token_loss(log_probs, old_log_probs,
                                                             token_advantages[trace.token_index], config.clip,
                                                             config.kl_coef)
                     (loss.sum() / n_tokens).backward()
                     minibatch_loss += loss.detach().sum().item() / n_tokens
                     kl_sum += k3.detach().sum().item()
                     clipped_sum += int(clipped.sum())
+            processes.sum_gradients(model)
             tokens_seen += n_tokens
             grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)))
             optimizer.step()
-            losses.append(minibatch_loss)
+            losses.append(processes.sum(minibatch_loss, device))
     optimizer.zero_grad(set_to_none=True)
     model.eval()
+    kl_sum, clipped_sum = processes.sum(kl_sum, device), processes.sum(clipped_sum, device)
     return dict(loss=sum(losses) / len(losses), kl=kl_sum / tokens_seen, clip_fraction=clipped_sum / tokens_seen,
-                grad_norm=max(grad_norms), optimizer_steps=len(losses), tokens_trained=tokens_seen)
+                grad_norm=max(grad_norms), optimizer_steps=len(losses), tokens_trained=int(tokens_seen))
 
 
 # ---------------------------------------------------------------------------------------------------- checkpoints
@@ -510,10 +590,10 @@ def load_checkpoint(path: Path, model, optimizer) -> tuple[dict, list[dict]]:
 # ------------------------------------------------------------------------------------------------------ training
 
 
-def _step_generator(config: RLConfig, step: int, device) -> torch.Generator:
-    """The sampler's random stream for a step: from the seed and the step index alone, so a resumed run draws
-    what the uninterrupted one would have."""
-    return torch.Generator(device=device).manual_seed(config.seed * 1_000_003 + step)
+def _step_generator(config: RLConfig, step: int, device, rank: int = 0) -> torch.Generator:
+    """The sampler's random stream for a step (and rank): from the seed and the step index alone, so a resumed run
+    draws what the uninterrupted one would have."""
+    return torch.Generator(device=device).manual_seed((config.seed * 1_000_003 + step) * 1_009 + rank)
 
 
 def _outcome_metrics(outcomes: Sequence[RewardOutcome]) -> dict:
@@ -527,41 +607,77 @@ def _outcome_metrics(outcomes: Sequence[RewardOutcome]) -> dict:
         deceptive=len(deceptive),
         deceptive_share=len(deceptive) / len(outcomes) if outcomes else 0.0,
         deceptive_by_reason=dict(sorted(by_reason.items())),
+        deceptive_share_by_reason={code: count / len(outcomes) for code, count in sorted(by_reason.items())},
         status_counts=dict(sorted(Counter(o.status for o in outcomes).items())),
     )
 
 
 def rl_step(model, tokenizer, optimizer, step_tasks: Sequence[RLTask], reward_fn: RewardFn, config: RLConfig,
-            step: int) -> dict:
+            step: int, processes: Processes | None = None) -> dict:
     """One TraceRL step on `step_tasks`: rollouts, one reward call, group advantages, PPO update. Returns its
-    metrics (the update is skipped, and says so, when every group is dropped)."""
+    metrics, the same on every rank (the update is skipped, and says so, when every group is dropped).
+
+    Across ranks: rank r samples tasks r, r + world, ...; rank 0 judges every rollout in one reward call and
+    shares the outcomes; each rank trains on its own rollouts with the summed gradients."""
+    processes = processes or Processes()
     device = next(model.parameters()).device
     started = time.perf_counter()
-    rollouts = generate_rollouts(model, tokenizer, step_tasks, config, _step_generator(config, step, device))
+    mine = list(range(processes.rank, len(step_tasks), processes.world))
+    preparing, prepare_seconds = [], [0.0]
+    on_batch = None
+    if config.overlap_reward_builds and hasattr(reward_fn, "prepare") and processes.world == 1:
+        background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward-prepare")
+
+        def prepare(requests: list[RewardRequest]) -> None:
+            began = time.perf_counter()
+            reward_fn.prepare(requests)
+            prepare_seconds[0] += time.perf_counter() - began
+
+        def on_batch(batch: list[Rollout]) -> None:
+            requests = [RewardRequest(step_tasks[r.task_index], r.text, candidate_source(step_tasks[r.task_index],
+                                                                                            r.text)) for r in batch]
+            preparing.append(background.submit(prepare, requests))
+
+    rollouts = generate_rollouts(model, tokenizer, [step_tasks[i] for i in mine], config,
+                                 _step_generator(config, step, device, processes.rank), on_batch)
+    for rollout in rollouts:
+        rollout.task_index = mine[rollout.task_index]  # index into the step's tasks
+    everyone = processes.gather([(r.task_index, r.sample_index, r.text, r.length) for r in rollouts])
     rollout_done = time.perf_counter()
-    outcomes = score_rollouts(reward_fn, step_tasks, rollouts)
+    for future in preparing:  # builds still running: the judging call would only wait for them itself
+        future.result()
+    if preparing:
+        background.shutdown()
+    outcomes = None
+    if processes.rank == 0:
+        outcomes = score_completions(reward_fn, step_tasks, [(t, text) for t, _, text, _ in everyone])
+    outcomes = processes.from_rank_zero(outcomes)
     reward_done = time.perf_counter()
 
     groups: list[list[float | None]] = [[None] * config.samples_per_task for _ in step_tasks]
-    for rollout, outcome in zip(rollouts, outcomes):
-        groups[rollout.task_index][rollout.sample_index] = None if outcome.excluded else float(outcome.reward)
+    for (t, g, _, _), outcome in zip(everyone, outcomes):
+        groups[t][g] = None if outcome.excluded else float(outcome.reward)
     advantages = group_advantages(groups)
     chosen = [(r, advantages[r.task_index][r.sample_index]) for r in rollouts
               if advantages[r.task_index] is not None and advantages[r.task_index][r.sample_index] is not None]
     record = dict(step=step, stage=config.stage, tasks=len(step_tasks), task_ids=[t.task_id for t in step_tasks],
-                  samples=len(rollouts), tokens_generated=sum(r.length for r in rollouts),
+                  samples=len(everyone), tokens_generated=sum(length for *_, length in everyone),
                   groups_used=sum(a is not None for a in advantages),
                   groups_dropped=sum(a is None for a in advantages), **_outcome_metrics(outcomes),
                   lr=optimizer.param_groups[0]["lr"])
-    if chosen:
-        record.update(ppo_update(model, optimizer, [r for r, _ in chosen], [a for _, a in chosen], config, step),
-                      update="applied")
+    if record["groups_used"]:
+        record.update(ppo_update(model, optimizer, [r for r, _ in chosen], [a for _, a in chosen], config, step,
+                                 processes), update="applied")
     else:
         record.update(loss=None, kl=None, clip_fraction=None, grad_norm=None, optimizer_steps=0, tokens_trained=0,
                       update="skipped: every group had equal rewards (no signal)")
     finished = time.perf_counter()
+    # seconds_reward: what the policy waited for the reward after sampling ended. seconds_reward_prepare: the time
+    # the reward spent preparing (building) batches handed to it during sampling (the part that ran after sampling
+    # ended is also in seconds_reward).
     record.update(seconds_rollout=rollout_done - started, seconds_reward=reward_done - rollout_done,
-                  seconds_update=finished - reward_done, seconds=finished - started)
+                  seconds_reward_prepare=prepare_seconds[0], seconds_update=finished - reward_done,
+                  seconds=finished - started, ranks=processes.world)
     return record
 
 
@@ -574,7 +690,13 @@ def train_rl(model, tokenizer, tasks: Sequence[RLTask], reward_fn: RewardFn, con
     Tasks are walked easy->hard, `tasks_per_step` a step. Every `checkpoint_every` steps, at the last step, and when
     `max_seconds` runs out, a checkpoint goes to `out_dir/step-N` (see `save_checkpoint`); each step's record is
     also appended to `out_dir/metrics.jsonl`. With `resume`, a run finding `out_dir/latest` continues after that
-    step with the same data order and random streams (refusing a different task list or schedule settings)."""
+    step with the same data order and random streams (refusing a different task list or schedule settings).
+
+    Under `torchrun` (a process group initialised by the caller), every rank calls this with the same arguments and
+    its own device: ranks share each step's tasks (see `rl_step`), rank 0 alone calls the reward, writes
+    checkpoints and logs, and calls `on_step`; every rank returns the same history."""
+    processes = Processes()
+    lead = processes.rank == 0
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     device = next(model.parameters()).device
@@ -596,12 +718,14 @@ def train_rl(model, tokenizer, tasks: Sequence[RLTask], reward_fn: RewardFn, con
             raise ValueError(f"{checkpoint} was trained with a different schedule (saved, now): {differs}; "
                              "use a new out_dir or resume=False")
         first_step = state["step"] + 1
-    (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
+    processes.same_parameters(model)
+    if lead:
+        (out_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history))
     for group in optimizer.param_groups:
         group["lr"] = config.learning_rate
 
     bar = None
-    if progress:
+    if progress and lead:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=config.steps, initial=first_step - 1, desc=f"RL {config.stage}", unit="step")
@@ -609,19 +733,24 @@ def train_rl(model, tokenizer, tasks: Sequence[RLTask], reward_fn: RewardFn, con
     wall_before = history[-1]["wall_seconds"] if history else 0.0
     for step in range(first_step, config.steps + 1):
         record = rl_step(model, tokenizer, optimizer, tasks_for_step(ordered, step, config.tasks_per_step),
-                         reward_fn, config, step)
+                         reward_fn, config, step, processes)
         record["wall_seconds"] = wall_before + time.perf_counter() - started
-        out_of_time = config.max_seconds is not None and time.perf_counter() - started >= config.max_seconds
+        record["tokens_seen"] = (history[-1]["tokens_seen"] if history else 0) + record["tokens_generated"]
+        out_of_time = processes.from_rank_zero(
+            config.max_seconds is not None and time.perf_counter() - started >= config.max_seconds)
         save = step % config.checkpoint_every == 0 or step == config.steps or out_of_time
         record["checkpoint"] = str(out_dir / f"step-{step}") if save else None
         history.append(record)
-        if save:
+        if save and lead:
             save_checkpoint(out_dir, step, model, tokenizer, optimizer, history,
                             dict(identity=identity, config=asdict(config)))
-        with open(out_dir / "metrics.jsonl", "a") as log:
-            log.write(json.dumps(record) + "\n")
-        if on_step is not None:
-            on_step(record)
+        if save:
+            processes.barrier()
+        if lead:
+            with open(out_dir / "metrics.jsonl", "a") as log:
+                log.write(json.dumps(record) + "\n")
+            if on_step is not None:
+                on_step(record)
         if bar is not None:
             bar.update(1)
             bar.set_postfix(reward=f"{record['reward_mean'] or 0:.3f}", deceptive=record["deceptive"],
