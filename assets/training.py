@@ -213,7 +213,7 @@ RL_PANELS = {
     "KL": ["kl"],
     "loss": ["loss"],
     "deceptive share of rollouts": ["deceptive_share", "deceptive_share_by_reason"],
-    "seconds per step": ["seconds_rollout", "seconds_reward", "seconds_update"],
+    "seconds per step": ["seconds_rollout", "seconds_reward", "seconds_reward_prepare", "seconds_update"],
 }
 
 

@@ -350,7 +350,8 @@ def main() -> int:
                            reward_timeout_s=max(20.0, 0.6 * seconds))
         if result:
             keep = ("step", "reward_mean", "kl", "loss", "deceptive_share", "deceptive_by_reason", "status_counts",
-                    "groups_used", "groups_dropped", "seconds_rollout", "seconds_reward", "seconds_update")
+                    "groups_used", "groups_dropped", "seconds_rollout", "seconds_reward", "seconds_reward_prepare",
+                    "seconds_update")
             run.results[stage] = {**{k: v for k, v in result.items() if k != "history"},
                                   "steps": [{k: r.get(k) for k in keep} for r in result["history"]]}
             checkpoint = result["checkpoint"]

@@ -449,35 +449,33 @@ def run_rl_stage(base: str | Path, tasks_path: str | Path, out_dir: str | Path, 
                  reward_timeout_s: float | None = None) -> dict:
     """One BiC-RL stage (`rl_infilling` or `rl_end_to_end`) from the checkpoint `base` (a stage directory resolves to
     its latest step) on the tasks in `tasks_path`, via `training.rl.train_rl`; checkpoints in `out_dir/step-N` +
-    `latest`. Each step record gains `deceptive_share_by_reason` (deceptive rollouts of a reason / rollouts)."""
+    `latest`. Under torchrun every rank samples its share of each step's rollouts and rank 0 calls the reward
+    (training.rl.train_rl)."""
     from training.rl import train_rl
 
     rl_config = rl_config_for(stage, config)
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dist = init_distributed()
+    if dist.is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    dist.barrier()
+    device = torch.device(f"cuda:{dist.local_rank}" if torch.cuda.is_available() else "cpu")
     model, tokenizer = load_base(str(base), block_size=rl_config.block_size)
     model.to(device)
     tasks = rl_tasks_from_rows(read_rows(tasks_path), stage)
     if not tasks:
         raise ValueError(f"{tasks_path}: no RL tasks")
 
-    def with_shares(record: dict) -> dict:
-        samples = max(record.get("samples") or 0, 1)
-        record["deceptive_share_by_reason"] = {reason: count / samples for reason, count in
-                                               (record.get("deceptive_by_reason") or {}).items()}
-        return record
-
     started = time.perf_counter()
     reward_fn = build_reward(reward, verify_config, reward_timeout_s)
     history = train_rl(model, tokenizer, tasks, reward_fn, rl_config, out_dir,
-                       resume=resume, on_step=None if on_step is None else lambda r: on_step(with_shares(r)))
-    history = [with_shares(dict(r)) for r in history]
+                       resume=resume, on_step=on_step)
     return dict(stage=stage, checkpoint=str(resolve_checkpoint(out_dir)), out_dir=str(out_dir),
                 step=history[-1]["step"] if history else 0, total_steps=rl_config.steps, tasks=len(tasks),
                 tokens_seen=int(sum(r.get("tokens_generated") or 0 for r in history)),
                 seconds=round(history[-1]["wall_seconds"] if history else time.perf_counter() - started, 3),
-                reward=reward, device=str(device), base=str(base), config=dataclasses.asdict(rl_config),
+                reward=reward, reward_description=getattr(reward_fn, "description", reward), device=str(device),
+                world_size=dist.world_size, base=str(base), config=dataclasses.asdict(rl_config),
                 history=history)
 
 
