@@ -33,7 +33,7 @@ def test_tiny_dry_run_goes_through_every_stage_and_writes_only_results(tmp_path,
     data = _data_dir(tmp_path / "data", pair_factory)
     out = tmp_path / "out"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_pipeline_gpu.py"), str(out),
-                           "--data", str(data), "--tiny", "--budget-s", "60", "--work-dir", str(tmp_path / "work")],
+                           "--data", str(data), "--tiny", "--budget-s", "40", "--work-dir", str(tmp_path / "work")],
                           cwd=ROOT, capture_output=True, text=True, timeout=400)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
@@ -45,7 +45,7 @@ def test_tiny_dry_run_goes_through_every_stage_and_writes_only_results(tmp_path,
         assert 0.0 <= evaluation["kernelbench_l1"]["compile_rate"] <= 1.0
     assert results["data_counts"]["sft_train"] == 8 and results["sft"]["step"] > 0
     assert results["rl_infilling"]["steps"] and results["rl_end_to_end"]["reward"] == "static"
-    assert results["elapsed_s"] < 60 + 45
+    assert results["elapsed_s"] < 40 + 45
     files = [p for p in out.rglob("*") if p.is_file()]
     assert len(files) <= 8 and all(p.stat().st_size < 16 * 2**20 for p in files)
     assert not any(p.suffix in (".safetensors", ".pt", ".bin") for p in files)
