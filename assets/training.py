@@ -145,7 +145,7 @@ def run_stage_process(context, stage: str, base: str, data: Path, out_dir: Path,
     results.unlink(missing_ok=True)
     command = [sys.executable, "-m", "training.stages", stage, "--base", base, "--data", str(data),
                "--out", str(out_dir), "--config", json.dumps(config), "--results", str(results), "--no-progress",
-               "--reward", reward, "--verify-config", json.dumps(verify_config or {}, default=list)]
+               "--reward", reward, "--verify-config", json.dumps(verify_config or {}, default=str)]
     if not resume:
         command.append("--no-resume")
     root = _repo_root()
@@ -154,13 +154,18 @@ def run_stage_process(context, stage: str, base: str, data: Path, out_dir: Path,
     context.log.info(f"{stage}: {' '.join(command)}")
     with open(log_path, "w") as log:
         process = subprocess.Popen(command, cwd=root, env=env, stdout=subprocess.PIPE, stderr=log, text=True)
-        for line in process.stdout:
-            if line.startswith("[step] "):
-                record = json.loads(line[len("[step] "):])
-                context.log.info(f"{stage} step {record.get('step')}: {_summary(record)}")
-            elif line.strip():
-                context.log.debug(line.rstrip())
-        code = process.wait()
+        try:
+            for line in process.stdout:
+                if line.startswith("[step] "):
+                    record = json.loads(line[len("[step] "):])
+                    context.log.info(f"{stage} step {record.get('step')}: {_summary(record)}")
+                elif line.strip():
+                    context.log.debug(line.rstrip())
+            code = process.wait()
+        finally:
+            if process.poll() is None:  # the run was cancelled: stop the training it started (it can resume later)
+                process.kill()
+                process.wait()
     if code != 0 or not results.is_file():
         tail = "\n".join(log_path.read_text(errors="replace").splitlines()[-30:])
         raise dg.Failure(description=f"{stage} stage exited with code {code}; its log ends:\n{tail}",

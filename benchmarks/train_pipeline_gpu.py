@@ -94,29 +94,36 @@ def _stable_hash(text: str) -> str:
 
 
 def split_data(data_dir: Path, heldout: int, kernelbench_sample: int, out: Path) -> dict:
-    """Files for the stages (held-out CuKe tasks removed from every training set) and the two evaluation sets."""
+    """Files for the stages and the two evaluation sets. Held-out CuKe-like tasks: up to a fifth of the CuKe SFT
+    samples, topped up to `heldout` with end-to-end pool references CuKe does not hold (seeded hash order); every
+    held-out reference is removed from SFT and both RL stages."""
     sft = stages.read_rows(data_dir / "sft_samples.jsonl")
     if not sft:
         raise ValueError(f"{data_dir}/sft_samples.jsonl is empty: run `dice run` then `dice export-training-data`")
-    heldout = min(heldout, max(1, len(sft) // 5))
+    pool = _rows(data_dir / "end_to_end_tasks.jsonl")
     ranked = sorted(sft, key=lambda r: _stable_hash(str(r.get("sample_id", r["pytorch_code"]))))
-    held, train = ranked[:heldout], ranked[heldout:]
-    held_ids = {str(r.get("sample_id")) for r in held}
-    held_code = {r["pytorch_code"] for r in held}
-    infilling = [r for r in _rows(data_dir / "infilling_tasks.jsonl")
-                 if str(r["task_id"]) not in held_ids and r["pytorch_code"] not in held_code]
-    end_to_end = [r for r in _rows(data_dir / "end_to_end_tasks.jsonl") if r["pytorch_code"] not in held_code]
+    held = [(f"cuke:{r.get('sample_id')}", r["pytorch_code"]) for r in ranked[:min(heldout, max(1, len(sft) // 5))]]
+    sft_code = {r["pytorch_code"] for r in sft}
+    pool_only = sorted((r for r in pool if r["pytorch_code"] not in sft_code),
+                       key=lambda r: _stable_hash(str(r["task_id"])))
+    held += [(f"pool:{r['task_id']}", r["pytorch_code"]) for r in pool_only[:max(0, heldout - len(held))]]
+    held_code = {code for _, code in held}
+    train = [r for r in sft if r["pytorch_code"] not in held_code]
+    infilling = [r for r in _rows(data_dir / "infilling_tasks.jsonl") if r["pytorch_code"] not in held_code]
+    end_to_end = [r for r in pool if r["pytorch_code"] not in held_code]
     kernelbench = [r for r in _rows(data_dir / "kernelbench_tasks.jsonl") if int(r.get("level", 1)) == 1]
     kernelbench = sorted(kernelbench, key=lambda r: _stable_hash(str(r.get("task_id", r.get("name", "")))))
     kernelbench = kernelbench[:kernelbench_sample]
     paths = {"sft": stages.write_jsonl(train, out / "sft_train.jsonl"),
              "infilling": stages.write_jsonl(infilling, out / "infilling_train.jsonl"),
              "end_to_end": stages.write_jsonl(end_to_end, out / "end_to_end_train.jsonl")}
-    evaluation = {"heldout_cuke": [(f"cuke:{r.get('sample_id')}", r["pytorch_code"]) for r in held],
+    evaluation = {"heldout_cuke": held,
                   "kernelbench_l1": [(f"kb:{r.get('task_id', r.get('name'))}", _kernelbench_code(r))
                                      for r in kernelbench]}
-    counts = {"sft_train": len(train), "heldout_cuke": len(held), "infilling_train": len(infilling),
-              "end_to_end_train": len(end_to_end), "kernelbench_l1_sample": len(kernelbench)}
+    counts = {"sft_train": len(train), "heldout_cuke": len(held),
+              "heldout_from_sft": sum(name.startswith("cuke:") for name, _ in held),
+              "infilling_train": len(infilling), "end_to_end_train": len(end_to_end),
+              "kernelbench_l1_sample": len(kernelbench)}
     return {"paths": paths, "evaluation": evaluation, "counts": counts}
 
 
@@ -219,6 +226,8 @@ class Evaluations:
         self.generations = open(run.out_dir / "generations.jsonl", "a", buffering=1)
 
     def evaluate(self, label: str, checkpoint: str) -> None:
+        if self.run.left() < 0:
+            raise TimeoutError(f"no time left to evaluate {label} ({self.run.left():.0f} s)")
         tasks = [(name, job_id, code) for name, items in self.evaluation.items() for job_id, code in items]
         answers = generate_kernels(checkpoint, [(job_id, code) for _, job_id, code in tasks],
                                    self.args.max_new_tokens, self.args.eval_batch_size)
@@ -333,9 +342,10 @@ def main() -> int:
     reward = "verifier" if on_gpu else "static"
     verify_config = dict(timing_samples=10, timing_max_samples=20, timing_budget_s=1.0, run_timeout_s=120.0,
                          build_without_gpu=False)
-    for stage, tasks_key, share in (("rl_infilling", "infilling", 0.5), ("rl_end_to_end", "end_to_end", 0.9)):
-        if not checkpoint or not stages.read_rows(split["paths"][tasks_key]):
-            run.log(f"{stage}: skipped (no checkpoint or no tasks)")
+    for stage, tasks_key, share in (("rl_infilling", "infilling", 0.5), ("rl_end_to_end", "end_to_end", 0.8)):
+        if not checkpoint or not stages.read_rows(split["paths"][tasks_key]) or run.left() < 0.25 * reserve:
+            run.log(f"{stage}: skipped (no checkpoint, no tasks or no time: {run.left():.0f} s left)")
+            run.results["phases"][stage] = {"ok": False, "skipped": True, "seconds": 0.0}
             continue
         seconds = stage_seconds(run, share, reserve)
         rl_config = dict(steps=1000, tasks_per_step=2 if args.tiny else 8, samples_per_task=2 if args.tiny else 4,
