@@ -49,6 +49,7 @@ class SFTCheckpointConfig(dg.Config):
     max_length: int = 4096
     max_seconds: float = 0.0
     save_every: int = 50
+    attention_backend: str = "auto"  # auto: flex on a GPU, dense on a CPU; "dense" avoids flex recompiles
     resume: bool = True
 
     def stage_config(self) -> tuple[str, dict]:
@@ -56,7 +57,7 @@ class SFTCheckpointConfig(dg.Config):
             return TINY_BASE, dict(TINY_SFT)
         fields = self.model_dump()
         config = {k: fields[k] for k in ("learning_rate", "warmup_ratio", "epochs", "block_size", "samples_per_step",
-                                         "max_length", "save_every")}
+                                         "max_length", "save_every", "attention_backend")}
         if self.max_seconds:
             config["max_seconds"] = self.max_seconds
         return self.base, config

@@ -23,6 +23,7 @@ import argparse
 import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -93,7 +94,13 @@ def _stable_hash(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def split_data(data_dir: Path, heldout: int, kernelbench_sample: int, out: Path) -> dict:
+def strip_reasoning(response: str) -> str:
+    """The answer without its <think>...</think> trace: with a few hundred tokens to answer in, the model must
+    learn to write the kernel file first."""
+    return re.sub(r"^\s*<think>.*?</think>\s*", "", response, flags=re.DOTALL)
+
+
+def split_data(data_dir: Path, heldout: int, kernelbench_sample: int, out: Path, keep_reasoning: bool) -> dict:
     """Files for the stages and the two evaluation sets. Held-out CuKe-like tasks: up to a fifth of the CuKe SFT
     samples, topped up to `heldout` with end-to-end pool references CuKe does not hold (seeded hash order); every
     held-out reference is removed from SFT and both RL stages."""
@@ -109,6 +116,8 @@ def split_data(data_dir: Path, heldout: int, kernelbench_sample: int, out: Path)
     held += [(f"pool:{r['task_id']}", r["pytorch_code"]) for r in pool_only[:max(0, heldout - len(held))]]
     held_code = {code for _, code in held}
     train = [r for r in sft if r["pytorch_code"] not in held_code]
+    if not keep_reasoning:
+        train = [{**r, "response": strip_reasoning(r["response"])} for r in train]
     infilling = [r for r in _rows(data_dir / "infilling_tasks.jsonl") if r["pytorch_code"] not in held_code]
     end_to_end = [r for r in pool if r["pytorch_code"] not in held_code]
     kernelbench = [r for r in _rows(data_dir / "kernelbench_tasks.jsonl") if int(r.get("level", 1)) == 1]
@@ -278,10 +287,13 @@ def main() -> int:
     parser.add_argument("--work-dir", type=Path, default=None, help="checkpoints (default: a folder under /tmp)")
     parser.add_argument("--heldout", type=int, default=8, help="held-out CuKe tasks (at most a fifth of CuKe)")
     parser.add_argument("--kernelbench-sample", type=int, default=16, help="KernelBench level-1 tasks evaluated")
-    parser.add_argument("--max-new-tokens", type=int, default=768, help="evaluation answers (DICE: 4096)")
+    parser.add_argument("--max-new-tokens", type=int, default=3072, help="evaluation answers (DICE: 4096)")
     parser.add_argument("--eval-batch-size", type=int, default=32)
     parser.add_argument("--sft-lr", type=float, default=3e-5, help="DICE: 1e-5 (3 epochs on 6,303 samples)")
-    parser.add_argument("--rl-max-new-tokens", type=int, default=512)
+    parser.add_argument("--rl-max-new-tokens", type=int, default=3072, help="RL rollouts (DICE: 4096)")
+    parser.add_argument("--sft-max-length", type=int, default=6144, help="prompt + response tokens (DICE: 6144)")
+    parser.add_argument("--keep-reasoning", action="store_true",
+                        help="train on the <think> traces too (default: the kernel file alone, to fit short answers)")
     parser.add_argument("--decode-benchmark", action="store_true",
                         help="then run benchmarks/decode_throughput.py on the SFT checkpoint, in --decode-budget-s "
                              "kept out of --budget-s")
@@ -301,7 +313,9 @@ def main() -> int:
         parser.error("--gguf is required unless --tiny")
     if args.tiny:
         args.kernelbench_sample, args.max_new_tokens, args.rl_max_new_tokens = min(args.kernelbench_sample, 2), 32, 16
-    split = run.phase("data", split_data, args.data, args.heldout, args.kernelbench_sample, work / "data")
+    split = run.phase("data", split_data, args.data, args.heldout, args.kernelbench_sample, work / "data",
+                      args.keep_reasoning)
+    run.results["reasoning_in_sft"] = args.keep_reasoning
     if split is None:
         run.save()
         return 1
@@ -329,7 +343,7 @@ def main() -> int:
     if checkpoint:
         sft_config = stages.SFTStageConfig(
             learning_rate=1e-3 if args.tiny else args.sft_lr, epochs=100, samples_per_step=4 if args.tiny else 8,
-            max_length=1536 if args.tiny else 3072, max_seconds=stage_seconds(run, 0.45, reserve),
+            max_length=1536 if args.tiny else args.sft_max_length, max_seconds=stage_seconds(run, 0.45, reserve),
             save_every=10**9, final_lr_ratio=0.1, attention_backend="dense", tokenizer_vocab_size=1024)
         result = run.phase("sft", stages.run_sft_stage, checkpoint, split["paths"]["sft"], work / "sft", sft_config,
                            resume=False, on_step=lambda r: r["step"] % 20 == 0 and run.log(f"sft {r}"))
