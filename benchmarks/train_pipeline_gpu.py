@@ -51,7 +51,7 @@ class Run:
         self.budget_s = budget_s
         self.results: dict = {"budget_s": budget_s, "phases": {}, "evaluations": {}, "errors": []}
         self.log_file = open(out_dir / "log.txt", "a", buffering=1)
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -65,11 +65,10 @@ class Run:
         self.log_file.write(line + "\n")
 
     def save(self) -> None:
-        with self.lock:
+        with self.lock:  # the judging threads save too
             self.results["elapsed_s"] = round(self.elapsed(), 1)
-            text = json.dumps(self.results, indent=1, default=str)
-        (self.out_dir / "results.json.partial").write_text(text)
-        os.replace(self.out_dir / "results.json.partial", self.out_dir / "results.json")
+            (self.out_dir / "results.json.partial").write_text(json.dumps(self.results, indent=1, default=str))
+            os.replace(self.out_dir / "results.json.partial", self.out_dir / "results.json")
 
     def phase(self, name: str, function, *args, **kwargs):
         """Run one phase; a failure is recorded (with its traceback in the log) and the run goes on."""
