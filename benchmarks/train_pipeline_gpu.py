@@ -12,9 +12,16 @@ hash split of the SFT samples) are kept out of SFT and both RL stages.
 Writes to OUT_DIR (no checkpoints: those stay in --work-dir): results.json (rewritten after every phase, so a kill
 leaves what was done), generations.jsonl, log.txt, and decode_throughput.json with --decode-benchmark.
 
-    python benchmarks/train_pipeline_gpu.py OUT --data training_data --gguf PATH/SmolLM2-135M-Instruct.Q4_1.gguf \
-        --budget-s 540                                                   # H200: ~9.5 min (the budget + start-up)
-    python benchmarks/train_pipeline_gpu.py OUT --data DIR --tiny --budget-s 60   # CPU dry run, tiny random model
+    dice run --verdict-store benchmarks/results/h200_verdict_store   # CuKe at 2.0 with the H200 verdicts (31 samples)
+    dice export-training-data training_data                          # 1.8 MB: carry it (git-ignored)
+    python3 benchmarks/train_pipeline_gpu.py OUT --data training_data --gguf PATH/SmolLM2-135M-Instruct.Q4_1.gguf \
+        --budget-s 540 --work-dir /tmp/dice_train_work                # H200: ~9.5 min (the budget + start-up)
+    python3 benchmarks/train_pipeline_gpu.py OUT --data DIR --tiny --budget-s 60  # CPU dry run, tiny random model
+
+The GGUF needs the `gguf` package (and `accelerate`), as for `benchmarks/gpu_suite.sh OUT decode-smollm2`. The SFT
+checkpoint stays in --work-dir for a second call: `python3 benchmarks/decode_throughput.py --init-from
+/tmp/dice_train_work/sft/$(cat /tmp/dice_train_work/sft/latest) --train-seconds 0 --json OUT/decode_sft.json`, or
+`--decode-benchmark` runs it within --budget-s.
 """
 
 from __future__ import annotations
