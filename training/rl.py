@@ -62,7 +62,10 @@ class RLConfig:
     checkpoint_every: int = 10  # steps; the last step (and a time-out) always checkpoints
     max_seconds: float | None = None  # stop (with a checkpoint) after the step that passes this much time
     ppo_epochs: int = 1  # passes over a step's rollouts
-    minibatches: int = 1  # optimizer steps per pass (rollouts split evenly)
+    # Optimizer steps per pass (rollouts split evenly). Not stated by the paper. With a single step a step the clip
+    # and the KL are inert (the policy being trained is the rollout policy: ratio 1, zero KL gradient); from the
+    # second minibatch on they act, so the default is 4.
+    minibatches: int = 4
     micro_batch_size: int = 8  # rollouts per replay forward (gradient accumulation; memory, not maths)
     rollout_batch_size: int = 64  # prompts per sampler call
     # While later rollouts are still sampled, hand each finished batch to the reward's `prepare` (the verifier
