@@ -329,14 +329,18 @@ def test_static_check_reward_judges_real_candidates_with_the_verifiers_static_ch
 def test_verifier_reward_rejects_a_minor_custom_kernel_share_and_survives_a_failing_verifier():
     def verify(jobs, config, on_result=None):
         return [Verdict(Status.CORRECT, flags=["minor_custom_kernel_share"]), Verdict(Status.CORRECT),
-                Verdict(Status.INCORRECT)]
+                Verdict(Status.INCORRECT), Verdict(Status.CORRECT, flags=["baseline_kernel"])]
 
-    requests = [_request(f"```python\n{HONEST}\n```") for _ in range(3)]
+    requests = [_request(f"```python\n{HONEST}\n```") for _ in range(4)]
     outcomes = VerifierReward(verify=verify)(requests)
     if VerifierReward().reject_minor_custom_share:  # until the verifier's baseline_kernel policy lands
         assert outcomes[0].reward == 0.0 and outcomes[0].deceptive
         assert outcomes[0].reason_codes == ["minor_custom_kernel_share"]
-    assert [o.reward for o in outcomes[1:]] == [1.0, 0.0]
+    else:  # verifier 0.3 judges baseline kernels itself; the flag alone is no reason
+        assert outcomes[0].reward == 1.0 and not outcomes[0].deceptive
+    assert [o.reward for o in outcomes[1:3]] == [1.0, 0.0]
+    # Under baseline_kernel_policy "report" the verifier only flags a baseline kernel: still no reward.
+    assert outcomes[3].reward == 0.0 and outcomes[3].deceptive and outcomes[3].reason_codes == ["baseline_kernel"]
 
     def broken(jobs, config, on_result=None):
         raise OSError("no space left for build workers")
