@@ -268,6 +268,16 @@ def test_a_step_where_every_group_scores_the_same_updates_nothing_and_says_so(sm
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
 
 
+def test_only_the_newest_checkpoints_are_kept(small_tokenizer, tmp_path):
+    config = _small_config(steps=3, tasks_per_step=1, samples_per_task=2, max_new_tokens=4, keep_checkpoints=2)
+    history = train_rl(_fresh_model(small_tokenizer), small_tokenizer, _tasks([0]), StaticCheckReward(), config,
+                       tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-2", "step-3"]
+    assert (tmp_path / "latest").read_text() == "step-3" and history[-1]["checkpoint"] == str(tmp_path / "step-3")
+    generated = [r["tokens_generated"] for r in history]
+    assert [r["tokens_seen"] for r in history] == [sum(generated[:i + 1]) for i in range(3)]
+
+
 def test_a_reward_failure_costs_only_that_rollout(small_tokenizer, tmp_path):
     calls = []
 
