@@ -26,7 +26,7 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -595,7 +595,7 @@ def prune_checkpoints(out_dir: str | Path, keep: int | None) -> list[Path]:
 def load_checkpoint(path: Path, model, optimizer) -> tuple[dict, list[dict]]:
     """Load a checkpoint's weights into `model` and state into `optimizer`; restore RNG states. Returns
     (trainer state, metrics history)."""
-    loaded = type(model).from_pretrained(path, torch_dtype=next(model.parameters()).dtype)
+    loaded = type(model).from_pretrained(path, dtype=next(model.parameters()).dtype)
     model.load_state_dict(loaded.state_dict())
     del loaded
     state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)

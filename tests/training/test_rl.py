@@ -215,7 +215,8 @@ def test_a_killed_run_resumes_with_the_same_tasks_and_metrics_as_an_uninterrupte
             raise Killed
 
     with pytest.raises(Killed):
-        train_rl(_fresh_model(small_tokenizer), small_tokenizer, tasks, _first_in_group_reward, config, tmp_path / "cut",
+        train_rl(_fresh_model(small_tokenizer), small_tokenizer, tasks, _first_in_group_reward, config,
+                 tmp_path / "cut",
                  on_step=kill_after_step_one)
     assert (tmp_path / "cut" / "latest").read_text() == "step-1"
     steps_run = []
@@ -228,7 +229,8 @@ def test_a_killed_run_resumes_with_the_same_tasks_and_metrics_as_an_uninterrupte
     for key in ("reward_mean", "groups_used", "tokens_generated", "loss", "kl", "clip_fraction", "status_counts",
                 "update"):
         for got, want in zip([r[key] for r in resumed], [r[key] for r in whole]):
-            assert got == (want if want is None or isinstance(want, (str, dict)) else pytest.approx(want, rel=1e-5)), key
+            exact = want is None or isinstance(want, (str, dict))
+            assert got == (want if exact else pytest.approx(want, rel=1e-5)), key
     for a, b in zip(whole_model.state_dict().values(), resumed_model.state_dict().values()):
         assert torch.allclose(a, b, atol=1e-6)
     log = (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
