@@ -216,8 +216,7 @@ def test_a_killed_run_resumes_with_the_same_tasks_and_metrics_as_an_uninterrupte
 
     with pytest.raises(Killed):
         train_rl(_fresh_model(small_tokenizer), small_tokenizer, tasks, _first_in_group_reward, config,
-                 tmp_path / "cut",
-                 on_step=kill_after_step_one)
+                 tmp_path / "cut", on_step=kill_after_step_one)
     assert (tmp_path / "cut" / "latest").read_text() == "step-1"
     steps_run = []
     # A differently initialised model: everything must come from the checkpoint.
