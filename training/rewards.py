@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # no import cycle at run time: rl.py imports this module
 INFRASTRUCTURE_ERROR = "infrastructure_error"  # == dice_pipeline.verify.verdict.Status.INFRASTRUCTURE_ERROR (0.3)
 NO_CODE = "no_code"  # the completion holds no code block to judge
 MINOR_CUSTOM_SHARE = "minor_custom_kernel_share"
+BASELINE_KERNEL = "baseline_kernel"
 
 
 @dataclass
@@ -100,7 +101,7 @@ class VerifierReward:
     batch still unfinished after `batch_timeout_s` cost only the rollouts concerned their reward (recorded as
     `infrastructure_error`). Until the verifier's `baseline_kernel` policy exists (verifier 0.3), a verdict flagged
     `minor_custom_kernel_share` (the candidate's own kernels do a minor share of the GPU time) is treated as deceptive:
-    reward 0, reason `minor_custom_kernel_share`."""
+    reward 0, reason `minor_custom_kernel_share`; after, a verdict flagged `baseline_kernel` (policy "report") is."""
 
     description = "execution reward: 1 iff the kernel compiles and passes the verifier's correctness check"
 
@@ -177,11 +178,16 @@ class VerifierReward:
         if status == INFRASTRUCTURE_ERROR:
             return RewardOutcome(0.0, status, codes, error=message or "verifier infrastructure error", message=message)
         deceptive = status == "deceptive"
-        if self.reject_minor_custom_share and MINOR_CUSTOM_SHARE in verdict.flags and status in self.reward_statuses:
-            codes.append(MINOR_CUSTOM_SHARE)
-            return RewardOutcome(0.0, "deceptive", codes, deceptive=True,
-                                 message="the candidate's own kernels do a minor share of the GPU time (rejected "
-                                         "until the verifier's baseline_kernel policy lands)")
+        if status in self.reward_statuses:
+            # A reward for PyTorch doing the work is what RL learns to hack: a baseline kernel is never rewarded,
+            # even under a verifier config that only flags it (baseline_kernel_policy "report").
+            if BASELINE_KERNEL in verdict.flags:
+                return RewardOutcome(0.0, "deceptive", codes + [BASELINE_KERNEL], deceptive=True,
+                                     message="flagged baseline_kernel: PyTorch ops do most of the GPU work")
+            if self.reject_minor_custom_share and MINOR_CUSTOM_SHARE in verdict.flags:
+                return RewardOutcome(0.0, "deceptive", codes + [MINOR_CUSTOM_SHARE], deceptive=True,
+                                     message="the candidate's own kernels do a minor share of the GPU time "
+                                             "(rejected until the verifier's baseline_kernel policy lands)")
         return RewardOutcome(1.0 if status in self.reward_statuses else 0.0, status, codes, deceptive, message=message)
 
 

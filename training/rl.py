@@ -22,10 +22,11 @@ import os
 import random
 import shutil
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -60,9 +61,13 @@ class RLConfig:
     max_new_tokens: int = 4096
     seed: int = 0
     checkpoint_every: int = 10  # steps; the last step (and a time-out) always checkpoints
+    keep_checkpoints: int | None = 3  # the newest N step directories are kept (model + optimizer each); None = all
     max_seconds: float | None = None  # stop (with a checkpoint) after the step that passes this much time
     ppo_epochs: int = 1  # passes over a step's rollouts
-    minibatches: int = 1  # optimizer steps per pass (rollouts split evenly)
+    # Optimizer steps per pass (rollouts split evenly). Not stated by the paper. With a single step a step the clip
+    # and the KL are inert (the policy being trained is the rollout policy: ratio 1, zero KL gradient); from the
+    # second minibatch on they act, so the default is 4.
+    minibatches: int = 4
     micro_batch_size: int = 8  # rollouts per replay forward (gradient accumulation; memory, not maths)
     rollout_batch_size: int = 64  # prompts per sampler call
     # While later rollouts are still sampled, hand each finished batch to the reward's `prepare` (the verifier
@@ -574,10 +579,23 @@ def save_checkpoint(out_dir: str | Path, step: int, model, tokenizer, optimizer,
     return final
 
 
+def prune_checkpoints(out_dir: str | Path, keep: int | None) -> list[Path]:
+    """Delete all but the newest `keep` step directories (never the one `latest` names); returns those deleted."""
+    if not keep:
+        return []
+    latest = latest_checkpoint(out_dir)
+    steps = sorted((int(p.name.split("-", 1)[1]), p) for p in Path(out_dir).glob("step-*")
+                   if p.is_dir() and p.name.split("-", 1)[1].isdigit())
+    doomed = [p for _, p in steps[:-keep] if latest is None or p.resolve() != latest.resolve()]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
 def load_checkpoint(path: Path, model, optimizer) -> tuple[dict, list[dict]]:
     """Load a checkpoint's weights into `model` and state into `optimizer`; restore RNG states. Returns
     (trainer state, metrics history)."""
-    loaded = type(model).from_pretrained(path, torch_dtype=next(model.parameters()).dtype)
+    loaded = type(model).from_pretrained(path, dtype=next(model.parameters()).dtype)
     model.load_state_dict(loaded.state_dict())
     del loaded
     state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
@@ -702,6 +720,9 @@ def train_rl(model, tokenizer, tasks: Sequence[RLTask], reward_fn: RewardFn, con
     device = next(model.parameters()).device
     if config.block_size != model.config.block_size:
         raise ValueError(f"RLConfig.block_size {config.block_size} != the model's {model.config.block_size}")
+    if next(model.parameters()).dtype != torch.float32:
+        warnings.warn(f"RL on {next(model.parameters()).dtype} weights: AdamW steps at lr {config.learning_rate:g} "
+                      "mostly round away; load the model in float32 (the replay runs under bf16 autocast on GPUs)")
     ordered = order_easy_to_hard(tasks)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate, betas=(0.9, 0.999),
                                   weight_decay=config.weight_decay, fused=device.type == "cuda")
@@ -744,6 +765,7 @@ def train_rl(model, tokenizer, tasks: Sequence[RLTask], reward_fn: RewardFn, con
         if save and lead:
             save_checkpoint(out_dir, step, model, tokenizer, optimizer, history,
                             dict(identity=identity, config=asdict(config)))
+            prune_checkpoints(out_dir, config.keep_checkpoints)
         if save:
             processes.barrier()
         if lead:

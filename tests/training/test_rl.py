@@ -207,15 +207,16 @@ def test_a_killed_run_resumes_with_the_same_tasks_and_metrics_as_an_uninterrupte
     whole = train_rl(whole_model, small_tokenizer, tasks, _first_in_group_reward, config, tmp_path / "whole")
     assert [r["step"] for r in whole] == [1, 2]
     assert all(r["update"] == "applied" for r in whole)  # so the optimizer's state must survive the restart
-    assert whole[1]["optimizer_steps"] == 4 and whole[1]["clip_fraction"] is not None
+    assert whole[1]["optimizer_steps"] == 4  # 2 epochs x 2 minibatches
+    assert all(r["kl"] > 0 for r in whole)  # after the first optimizer step the policy leaves the rollout policy
 
     def kill_after_step_one(record):
         if record["step"] == 1:
             raise Killed
 
     with pytest.raises(Killed):
-        train_rl(_fresh_model(small_tokenizer), small_tokenizer, tasks, _first_in_group_reward, config, tmp_path / "cut",
-                 on_step=kill_after_step_one)
+        train_rl(_fresh_model(small_tokenizer), small_tokenizer, tasks, _first_in_group_reward, config,
+                 tmp_path / "cut", on_step=kill_after_step_one)
     assert (tmp_path / "cut" / "latest").read_text() == "step-1"
     steps_run = []
     # A differently initialised model: everything must come from the checkpoint.
@@ -227,7 +228,8 @@ def test_a_killed_run_resumes_with_the_same_tasks_and_metrics_as_an_uninterrupte
     for key in ("reward_mean", "groups_used", "tokens_generated", "loss", "kl", "clip_fraction", "status_counts",
                 "update"):
         for got, want in zip([r[key] for r in resumed], [r[key] for r in whole]):
-            assert got == (want if want is None or isinstance(want, (str, dict)) else pytest.approx(want, rel=1e-5)), key
+            exact = want is None or isinstance(want, (str, dict))
+            assert got == (want if exact else pytest.approx(want, rel=1e-5)), key
     for a, b in zip(whole_model.state_dict().values(), resumed_model.state_dict().values()):
         assert torch.allclose(a, b, atol=1e-6)
     log = (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
@@ -265,6 +267,16 @@ def test_a_step_where_every_group_scores_the_same_updates_nothing_and_says_so(sm
     assert record["groups_used"] == 0 and record["groups_dropped"] == 2 and record["loss"] is None
     assert record["update"].startswith("skipped")
     assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+def test_only_the_newest_checkpoints_are_kept(small_tokenizer, tmp_path):
+    config = _small_config(steps=3, tasks_per_step=1, samples_per_task=2, max_new_tokens=4, keep_checkpoints=2)
+    history = train_rl(_fresh_model(small_tokenizer), small_tokenizer, _tasks([0]), StaticCheckReward(), config,
+                       tmp_path)
+    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-2", "step-3"]
+    assert (tmp_path / "latest").read_text() == "step-3" and history[-1]["checkpoint"] == str(tmp_path / "step-3")
+    generated = [r["tokens_generated"] for r in history]
+    assert [r["tokens_seen"] for r in history] == [sum(generated[:i + 1]) for i in range(3)]
 
 
 def test_a_reward_failure_costs_only_that_rollout(small_tokenizer, tmp_path):
@@ -328,14 +340,18 @@ def test_static_check_reward_judges_real_candidates_with_the_verifiers_static_ch
 def test_verifier_reward_rejects_a_minor_custom_kernel_share_and_survives_a_failing_verifier():
     def verify(jobs, config, on_result=None):
         return [Verdict(Status.CORRECT, flags=["minor_custom_kernel_share"]), Verdict(Status.CORRECT),
-                Verdict(Status.INCORRECT)]
+                Verdict(Status.INCORRECT), Verdict(Status.CORRECT, flags=["baseline_kernel"])]
 
-    requests = [_request(f"```python\n{HONEST}\n```") for _ in range(3)]
+    requests = [_request(f"```python\n{HONEST}\n```") for _ in range(4)]
     outcomes = VerifierReward(verify=verify)(requests)
     if VerifierReward().reject_minor_custom_share:  # until the verifier's baseline_kernel policy lands
         assert outcomes[0].reward == 0.0 and outcomes[0].deceptive
         assert outcomes[0].reason_codes == ["minor_custom_kernel_share"]
-    assert [o.reward for o in outcomes[1:]] == [1.0, 0.0]
+    else:  # verifier 0.3 judges baseline kernels itself; the flag alone is no reason
+        assert outcomes[0].reward == 1.0 and not outcomes[0].deceptive
+    assert [o.reward for o in outcomes[1:3]] == [1.0, 0.0]
+    # Under baseline_kernel_policy "report" the verifier only flags a baseline kernel: still no reward.
+    assert outcomes[3].reward == 0.0 and outcomes[3].deceptive and outcomes[3].reason_codes == ["baseline_kernel"]
 
     def broken(jobs, config, on_result=None):
         raise OSError("no space left for build workers")
