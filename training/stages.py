@@ -472,7 +472,8 @@ def run_rl_stage(base: str | Path, tasks_path: str | Path, out_dir: str | Path, 
                        resume=resume, on_step=on_step)
     return dict(stage=stage, checkpoint=str(resolve_checkpoint(out_dir)), out_dir=str(out_dir),
                 step=history[-1]["step"] if history else 0, total_steps=rl_config.steps, tasks=len(tasks),
-                tokens_seen=int(sum(r.get("tokens_generated") or 0 for r in history)),
+                tokens_seen=int(history[-1].get("tokens_seen") or sum(r.get("tokens_generated") or 0 for r in history)
+                                if history else 0),
                 seconds=round(history[-1]["wall_seconds"] if history else time.perf_counter() - started, 3),
                 reward=reward, reward_description=getattr(reward_fn, "description", reward), device=str(device),
                 world_size=dist.world_size, base=str(base), config=dataclasses.asdict(rl_config),
