@@ -298,6 +298,8 @@ def main() -> int:
     parser.add_argument("--sft-lr", type=float, default=3e-5, help="DICE: 1e-5 (3 epochs on 6,303 samples)")
     parser.add_argument("--rl-max-new-tokens", type=int, default=3072, help="RL rollouts (DICE: 4096)")
     parser.add_argument("--sft-max-length", type=int, default=6144, help="prompt + response tokens (DICE: 6144)")
+    parser.add_argument("--sft-samples-per-step", type=int, default=4,
+                        help="4 x 6144-token samples: ~40k tokens a step, ~30 GB of activations for the 135M model")
     parser.add_argument("--keep-reasoning", action="store_true",
                         help="train on the <think> traces too (default: the kernel file alone, to fit short answers)")
     parser.add_argument("--decode-benchmark", action="store_true",
@@ -348,7 +350,8 @@ def main() -> int:
     checkpoint = base_checkpoint
     if checkpoint:
         sft_config = stages.SFTStageConfig(
-            learning_rate=1e-3 if args.tiny else args.sft_lr, epochs=100, samples_per_step=4 if args.tiny else 8,
+            learning_rate=1e-3 if args.tiny else args.sft_lr, epochs=100,
+            samples_per_step=4 if args.tiny else args.sft_samples_per_step,
             max_length=1536 if args.tiny else args.sft_max_length, max_seconds=stage_seconds(run, 0.45, reserve),
             save_every=10**9, final_lr_ratio=0.1, attention_backend="dense", tokenizer_vocab_size=1024)
         result = run.phase("sft", stages.run_sft_stage, checkpoint, split["paths"]["sft"], work / "sft", sft_config,
