@@ -23,6 +23,9 @@ KERNELBENCH_EVAL_RESULTS = dg.AssetKey("kernelbench_eval_results")
 KERNELBENCH_EVAL_SANITY = dg.AssetKey("kernelbench_eval_sanity")
 KERNELBENCH_EVAL_METRICS = dg.AssetKey("kernelbench_eval_metrics")
 KERNELBENCH_COMPARISON_REPORT = dg.AssetKey("kernelbench_comparison_report")
+SFT_CHECKPOINT = dg.AssetKey("sft_checkpoint")
+RL_INFILLING_CHECKPOINT = dg.AssetKey("rl_infilling_checkpoint")
+RL_END_TO_END_CHECKPOINT = dg.AssetKey("rl_end_to_end_checkpoint")
 
 # One partition per speedup threshold, keyed canonically ("2.0"): every threshold's table lives side by side.
 THRESHOLD_PARTITIONS = dg.DynamicPartitionsDefinition(name="speedup_threshold")
@@ -41,6 +44,7 @@ KERNELBENCH_LEVELS = ["1", "2", "3"]
 LEVEL_PARTITIONS = dg.StaticPartitionsDefinition(KERNELBENCH_LEVELS)
 EVAL_CHECKPOINT_PARTITIONS = dg.DynamicPartitionsDefinition(name=EVAL_CHECKPOINT_PARTITIONS_NAME)
 EVAL_PARTITIONS = dg.MultiPartitionsDefinition({"checkpoint": EVAL_CHECKPOINT_PARTITIONS, "level": LEVEL_PARTITIONS})
+GROUP_TRAINING = "training"
 
 
 def table_out(key: dg.AssetKey, description: str) -> dg.AssetOut:

@@ -107,3 +107,46 @@ def versioned_output(value, data_version: str, **kwargs) -> dg.Output:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", dg.BetaWarning)
         return dg.Output(value, data_version=dg.DataVersion(data_version), **kwargs)
+
+
+def curves_markdown(history: Sequence[dict], panels: dict[str, Sequence[str]], title: str) -> str:
+    """Training curves as one PNG embedded in Markdown: a panel per entry of `panels` (panel title -> record keys
+    plotted against `step`). A key whose values are dicts (e.g. the deceptive-rollout share by reason) plots one
+    line per dict key. Panels with nothing to plot are left out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    def series(key: str) -> dict[str, tuple[list, list]]:
+        lines: dict[str, tuple[list, list]] = {}
+        for index, record in enumerate(history):
+            value = record.get(key)
+            step = record.get("step", index + 1)
+            items = value.items() if isinstance(value, dict) else [(key, value)]
+            for name, number in items:
+                if isinstance(number, (int, float)) and number == number:
+                    xs, ys = lines.setdefault(str(name), ([], []))
+                    xs.append(step)
+                    ys.append(number)
+        return lines
+
+    drawn = {name: {k: v for key in keys for k, v in series(key).items()} for name, keys in panels.items()}
+    drawn = {name: lines for name, lines in drawn.items() if lines}
+    if not drawn:
+        return f"**{title}**: no steps recorded"
+    fig, axes = plt.subplots(1, len(drawn), figsize=(4 * len(drawn), 3), dpi=100, squeeze=False)
+    for ax, (name, lines) in zip(axes[0], drawn.items()):
+        for label, (xs, ys) in lines.items():
+            ax.plot(xs, ys, marker="." if len(xs) < 30 else None, label=label)
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        if len(lines) > 1:
+            ax.legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    encoded = base64.b64encode(buffer.getvalue()).decode()
+    return f"![{title}](data:image/png;base64,{encoded})"

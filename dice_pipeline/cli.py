@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "generate": "dice_pipeline.commands.generate",
     "synthesize": "dice_pipeline.commands.synthesize",
     "eval": "dice_pipeline.commands.eval",
+    "export-training-data": "dice_pipeline.commands.export_training_data",
 }
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets import cuke, evaluation, filtering, ingestion, keys, synthesis, verification
+from assets import cuke, evaluation, filtering, ingestion, keys, synthesis, training, verification
 from dice_pipeline.resources import (
     GpuPool,
     KernelGeneratorResource,
@@ -37,6 +37,9 @@ ALL_ASSETS = [
     cuke.cuke_infilling,
     cuke.cuke_hf_dataset,
     cuke.rl_end_to_end_tasks,
+    training.sft_checkpoint,
+    training.rl_infilling_checkpoint,
+    training.rl_end_to_end_checkpoint,
     evaluation.kernelbench_tasks,
     evaluation.kernelbench_baselines,
     evaluation.kernelbench_evaluation,
@@ -53,9 +56,11 @@ EVALUATION_ASSETS = [
 ]
 
 # Everything from ingestion to the curated dataset, for one threshold partition (the run's partition key).
+# Training is its own job: hours on a GPU, not part of building the data.
 main_job = dg.define_asset_job(
     "dice_main",
-    selection=dg.AssetSelection.all() - dg.AssetSelection.assets(*EVALUATION_ASSETS),
+    selection=(dg.AssetSelection.all() - dg.AssetSelection.assets(*EVALUATION_ASSETS)
+               - dg.AssetSelection.groups(keys.GROUP_TRAINING)),
     description="Ingest, verify, filter at the run's threshold partition, and build the curated dataset.",
 )
 
@@ -78,6 +83,14 @@ kernelbench_report_job = dg.define_asset_job(
 )
 
 
+# SFT -> RL stage 1 -> RL stage 2 on one threshold partition's CuKe (each stage can also be run alone).
+training_job = dg.define_asset_job(
+    "dice_training",
+    selection=dg.AssetSelection.groups(keys.GROUP_TRAINING),
+    description="Block-diffusion SFT, BiC-RL kernel infilling and BiC-RL end-to-end on the partition's CuKe.",
+)
+
+
 def build_resources() -> dict:
     return {
         "io_manager": WarehouseIOManager(),
@@ -91,6 +104,6 @@ def build_resources() -> dict:
 
 defs = dg.Definitions(
     assets=ALL_ASSETS,
-    jobs=[main_job, kernelbench_level_job, kernelbench_eval_job, kernelbench_report_job],
+    jobs=[main_job, training_job, kernelbench_level_job, kernelbench_eval_job, kernelbench_report_job],
     resources=build_resources(),
 )

@@ -27,6 +27,11 @@ class GenerationResult:
     lengths: torch.Tensor  # [B] tokens up to and including the first EOS (max_new_tokens if none)
     unmask_steps: torch.Tensor  # [B, max_new_tokens] index of the forward whose prediction committed each token
     num_forwards: int  # model forward passes, prefill included
+    # The decoded blocks as the sampler left them, before EOS trimming: [B, blocks x block_size] ids (tokens after an
+    # EOS inside its block kept; blocks never decoded = pad) and their unmask steps (-1 = never committed). The
+    # states a block passed through are exactly these, so RL can replay the trace (training/rl.py).
+    block_tokens: torch.Tensor | None = None
+    block_unmask_steps: torch.Tensor | None = None
 
 
 def _sequence_buffer(prompts: Sequence[Sequence[int]], prompt_length: int, total: int, fill_id: int,
@@ -176,7 +181,8 @@ def _eos_ids(eos_token_id) -> list[int]:
 
 
 def _finalize(generated: torch.Tensor, unmask_steps: torch.Tensor, eos_ids: list[int], pad_token_id: int,
-              max_new_tokens: int, num_forwards: int) -> GenerationResult:
+              max_new_tokens: int, num_forwards: int, keep_blocks: bool = False) -> GenerationResult:
+    raw = (generated.cpu(), unmask_steps.cpu()) if keep_blocks else (None, None)
     generated, unmask_steps = generated[:, :max_new_tokens].cpu(), unmask_steps[:, :max_new_tokens].cpu()
     lengths = torch.full((generated.shape[0],), max_new_tokens, dtype=torch.long)
     if eos_ids:
@@ -187,7 +193,7 @@ def _finalize(generated: torch.Tensor, unmask_steps: torch.Tensor, eos_ids: list
         after = torch.arange(max_new_tokens)[None, :] >= lengths[:, None]
         generated = generated.masked_fill(after, pad_token_id)
         unmask_steps = unmask_steps.masked_fill(after, -1)
-    return GenerationResult(generated, lengths, unmask_steps, num_forwards)
+    return GenerationResult(generated, lengths, unmask_steps, num_forwards, *raw)
 
 
 @torch.no_grad()
@@ -287,7 +293,8 @@ def block_diffusion_generate(
             if bool(finished.all()):
                 break
     generated = ids[:, prompt_length:].masked_fill(ids[:, prompt_length:] == mask_token_id, pad_token_id)
-    return _finalize(generated, unmask_steps[:, prompt_length:], eos_ids, pad_token_id, max_new_tokens, num_forwards)
+    return _finalize(generated, unmask_steps[:, prompt_length:], eos_ids, pad_token_id, max_new_tokens, num_forwards,
+                     keep_blocks=True)
 
 
 @torch.no_grad()

@@ -29,6 +29,9 @@ EXPECTED_ASSET_KEYS = sorted([
     "kernelbench_eval_sanity",
     "kernelbench_eval_metrics",
     "kernelbench_comparison_report",
+    "sft_checkpoint",
+    "rl_infilling_checkpoint",
+    "rl_end_to_end_checkpoint",
 ])
 
 
@@ -55,3 +58,11 @@ def test_dagster_definitions_validate_passes(tmp_path):
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_training_has_its_own_job_and_is_not_part_of_the_data_build():
+    main_keys = definitions.defs.resolve_job_def("dice_main").asset_layer.selected_asset_keys
+    training_keys = definitions.defs.resolve_job_def("dice_training").asset_layer.selected_asset_keys
+    names = {key.to_user_string() for key in training_keys}
+    assert names == {"sft_checkpoint", "rl_infilling_checkpoint", "rl_end_to_end_checkpoint"}
+    assert not main_keys & training_keys and {k.to_user_string() for k in main_keys} >= {"cuke_sft_samples"}
