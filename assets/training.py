@@ -197,6 +197,16 @@ def _upstream_checkpoint(context: dg.AssetExecutionContext, key: dg.AssetKey) ->
     return path
 
 
+def _register_for_evaluation(context, stage: str, result: dict) -> str:
+    """Register the checkpoint as a KernelBench evaluation model (partition `eval_checkpoint`), named by stage and
+    threshold, so `kernelbench_evaluation` for `<name>|<level>` evaluates exactly this checkpoint."""
+    from dice_pipeline.evaluation.registry import register_checkpoint
+
+    name = f"{stage}-t{context.partition_key}"
+    register_checkpoint(name, str(result["checkpoint"]), instance=context.instance)
+    return name
+
+
 def _metadata(result: dict, wall_seconds: float, panels: dict[str, list[str]], extra: dict) -> dict:
     history = result.get("history", [])
     return {
@@ -247,6 +257,7 @@ def sft_checkpoint(context: dg.AssetExecutionContext, config: SFTCheckpointConfi
     result = run_stage_process(context, "sft", base, samples, out_dir, stage_config, config.resume)
     return dg.MaterializeResult(metadata=_metadata(result, time.perf_counter() - started, {"loss": ["loss"],
                                                                                         "learning rate": ["lr"]}, {
+        "eval_checkpoint": _register_for_evaluation(context, "sft", result),
         "samples": result["samples"],
         "skipped_rows": result["skipped_rows"],
         "truncated_rows": result["truncated_rows"],
@@ -270,6 +281,7 @@ def _rl_asset(context, config: RLCheckpointConfig, verifier: KernelVerifier, sta
     result = run_stage_process(context, stage, base, tasks_path, out_dir, stage_config, config.resume, reward,
                                verify_config)
     return dg.MaterializeResult(metadata=_metadata(result, time.perf_counter() - started, RL_PANELS, {
+        "eval_checkpoint": _register_for_evaluation(context, stage, result),
         "tasks": result["tasks"],
         "reward": reward_description,
         "groups_used": sum(r.get("groups_used") or 0 for r in result["history"]),

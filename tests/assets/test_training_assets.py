@@ -26,6 +26,7 @@ TINY = {"config": {"tiny": True}}
 def env(tmp_path, monkeypatch):
     monkeypatch.setenv("DICE_ARTIFACTS_DIR", str(tmp_path / "artifacts"))
     monkeypatch.setenv("DICE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("DICE_EVAL_CHECKPOINTS", str(tmp_path / "eval_checkpoints.json"))
     monkeypatch.delenv("DICE_CONCUR_SOURCE", raising=False)
     monkeypatch.delenv("DICE_RL_TASK_FILE", raising=False)
     instance = dg.DagsterInstance.ephemeral()
@@ -44,7 +45,8 @@ def _materialize(instance, resources, selection, source=None):
     ops = {"cuke_samples": {"config": {"decontaminate": False}}, "sft_checkpoint": TINY,
            "rl_infilling_checkpoint": TINY, "rl_end_to_end_checkpoint": TINY}
     if source:
-        ops["concur_ingestion"] = {"config": {"source": source}}
+        # A switch of source is refused unless asked for (issue 17): this test asks for it.
+        ops["concur_ingestion"] = {"config": {"source": source, "allow_source_change": True}}
     ops = {name: value for name, value in ops.items() if _op_selected(name, set(selection))}
     return dg.materialize(definitions.ALL_ASSETS, selection=selection, instance=instance, resources=resources,
                           partition_key="2.0", run_config={"ops": ops})
@@ -79,6 +81,14 @@ def test_three_stages_materialize_in_order_and_a_new_cuke_makes_all_three_stale(
     assert stage1["config"].value["stage"] == "infilling" and stage2["config"].value["stage"] == "end_to_end"
     assert "static checks only" in stage2["reward"].value  # no GPU here: said so, not faked
     assert (Path(stage2["path"].value) / "model.safetensors").is_file()
+    # Each checkpoint is registered for KernelBench evaluation under its stage and threshold.
+    from dice_pipeline.evaluation.registry import EVAL_CHECKPOINT_PARTITIONS_NAME, load_registry
+
+    registered = load_registry()
+    for stage, metadata in (("sft", sft), ("rl_infilling", stage1), ("rl_end_to_end", stage2)):
+        name = metadata["eval_checkpoint"].value
+        assert name == f"{stage}-t2.0" and registered[name].path == metadata["path"].value
+    assert {"sft-t2.0", "rl_end_to_end-t2.0"} <= set(instance.get_dynamic_partitions(EVAL_CHECKPOINT_PARTITIONS_NAME))
     # Step logs reached the run log as training progressed.
     messages = [record.user_message for record in instance.all_logs(result.run_id)]
     assert any(f"sft step {sft['step'].value}:" in (m or "") for m in messages)
