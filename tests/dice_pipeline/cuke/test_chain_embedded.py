@@ -69,6 +69,7 @@ def test_every_seed_pair_becomes_a_sample_or_a_reason_and_splits_exactly(embedde
         pl.lit(2.0).alias("threshold"),
         pl.col("speedup_over_eager").alias("speedup_used"),
         pl.lit("recorded").alias("speedup_source"),
+        pl.lit("gpu").alias("speedup_convention"),
         pl.lit("not_executed").alias("verification_status"),
         pl.lit(None, dtype=pl.String).alias("verdict_id"),
     ).select(SPEEDUP_FILTERED_PAIRS.names())
