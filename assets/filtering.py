@@ -51,7 +51,11 @@ def speedup_filtering(context: dg.AssetExecutionContext, concur_pairs: pl.DataFr
     """Keep pairs whose speedup over eager PyTorch is at least the partition's threshold. Uses the verifier's
     measured speedup where it ran on a GPU, else the source's recorded one; verifier rejects are never kept."""
     threshold_key = context.partition_key
-    threshold = parse_threshold_key(threshold_key)
+    try:
+        threshold = parse_threshold_key(threshold_key)
+    except ValueError as exc:
+        # One line in the run's log, before anything is written: the tables of every other threshold stay as they are.
+        raise dg.Failure(description=str(exc), allow_retries=False) from None
     kept, decisions = filter_by_speedup(concur_pairs, verified_pairs, threshold_key)
     # The data version is the kept set itself: downstream partitions go stale exactly when it changes.
     fingerprint = "\n".join(f"{u}:{s}" for u, s in kept.select("uuid", "speedup_used").iter_rows())

@@ -40,9 +40,13 @@ class ConcurSourceConfig(dg.Config):
 def concur_ingestion(context: dg.AssetExecutionContext, config: ConcurSourceConfig):
     """Read ConCuR-format pairs (hub, save_to_disk directory, Arrow, Parquet, JSONL or the embedded seed corpus),
     validate each row, and split them into accepted pairs and reason-coded rejects."""
-    source = concur.ConcurSource.resolve(config.source, split=config.split)
-    context.log.info(f"ingesting ConCuR pairs from {source.name}")
-    accepted, rejects, rows_read = concur.ingest(source)
+    try:
+        source = concur.ConcurSource.resolve(config.source, split=config.split)
+        context.log.info(f"ingesting ConCuR pairs from {source.name}")
+        accepted, rejects, rows_read = concur.ingest(source)
+    except concur.SourceError as exc:
+        # A source that cannot be read is one line in the run's log, and nothing is written over the last ingestion.
+        raise dg.Failure(description=str(exc), allow_retries=False) from None
     data_version = hashlib.sha256("".join(sorted(accepted["content_sha256"].to_list())).encode()).hexdigest()[:16]
 
     yield dg.Output(
