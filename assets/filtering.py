@@ -1,7 +1,7 @@
 """Stage 3, speedup filtering: one partition per threshold, so thresholds live side by side in the warehouse.
 
-Add a threshold in the UI (the asset's Partitions tab -> "Add partition", key such as `2.0`) or with
-`dice threshold add 2`, then materialize that partition. Keys must be canonical (`2.0`, not `2` or `2.00`).
+Add a threshold in the UI (the asset's *Materialize* dialog -> "Add a partition", key such as `1.5`) or with
+`dice run --threshold 1.5`, and materialize that partition. Keys must be canonical (`2.0`, not `2` or `2.00`).
 """
 
 import hashlib
@@ -11,7 +11,15 @@ import polars as pl
 
 from assets import keys
 from assets.keys import table_out
-from assets.metadata import counts_markdown, histogram_markdown, schema_check, table_metadata, versioned_output
+from assets.metadata import (
+    bar_chart_markdown,
+    counts_markdown,
+    histogram_markdown,
+    lineage_query_markdown,
+    schema_check,
+    table_metadata,
+    versioned_output,
+)
 from dice_pipeline.filtering import filter_by_speedup, parse_threshold_key
 from dice_pipeline.schemas import SPEEDUP_FILTER_DECISIONS, SPEEDUP_FILTERED_PAIRS
 
@@ -28,11 +36,18 @@ class FilterConfig(dg.Config):
     outs={
         "speedup_filtered_pairs": table_out(
             keys.SPEEDUP_FILTERED_PAIRS,
-            "Pairs that passed verification with speedup_used >= the partition's threshold.",
+            "Pairs kept at or above the partition's speedup threshold: the verifier found nothing wrong with them "
+            "and speedup_used >= threshold, where speedup_used is the speedup over eager PyTorch our verifier measured "
+            "on a GPU, else the one the source recorded (speedup_source says which). Built from concur_pairs and "
+            "verified_pairs; one row per kept pair and threshold_key, every threshold side by side in "
+            "filter.speedup_filtered_pairs. Each row's verdict: verdict_id, or lineage.filter_lineage.",
         ),
         "speedup_filter_decisions": table_out(
             keys.SPEEDUP_FILTER_DECISIONS,
-            "Every ingested pair's decision at this threshold: kept, or the reason it was dropped.",
+            "Every ingested pair's decision at the partition's threshold: kept, or the reason it was dropped "
+            "(failed_verification, no_speedup, overhead_dominated, below_threshold), with the speedup used and the "
+            "verdict it rests on (verdict_id). kept + dropped == concur_pairs. Query across thresholds with "
+            "lineage.threshold_summary and lineage.filter_lineage.",
         ),
     },
     ins={
@@ -42,13 +57,10 @@ class FilterConfig(dg.Config):
     partitions_def=keys.THRESHOLD_PARTITIONS,
     group_name=keys.GROUP_FILTER,
     check_specs=[
-        dg.AssetCheckSpec(
-            "threshold_respected",
-            asset=keys.SPEEDUP_FILTERED_PAIRS,
-            blocking=True,
-            description="every kept pair's speedup is at least the threshold",
-        ),
-        dg.AssetCheckSpec("schema_matches", asset=keys.SPEEDUP_FILTERED_PAIRS),
+        dg.AssetCheckSpec("threshold_respected", asset=keys.SPEEDUP_FILTERED_PAIRS, blocking=True,
+                          description="no kept pair is below the threshold (blocks downstream when it fails)"),
+        dg.AssetCheckSpec("schema_matches", asset=keys.SPEEDUP_FILTERED_PAIRS,
+                          description="columns and types as declared in dice_pipeline/schemas.py"),
         dg.AssetCheckSpec(
             "rows_conserved",
             asset=keys.SPEEDUP_FILTER_DECISIONS,
@@ -69,7 +81,11 @@ def speedup_filtering(context: dg.AssetExecutionContext, config: FilterConfig, c
     measured speedup where it ran on a GPU (in the timing convention the config names), else the source's recorded
     one; verifier rejects are never kept. Every decision records the convention its speedup was measured in."""
     threshold_key = context.partition_key
-    threshold = parse_threshold_key(threshold_key)
+    try:
+        threshold = parse_threshold_key(threshold_key)
+    except ValueError as exc:
+        # One line in the run's log, before anything is written: the tables of every other threshold stay as they are.
+        raise dg.Failure(description=str(exc), allow_retries=False) from None
     if concur_pairs.height == 0:
         # An empty ingestion was written only on request, and its blocking check stops this step in the same run;
         # a later run of this partition alone must not replace its pairs by nothing either.
@@ -93,11 +109,12 @@ def speedup_filtering(context: dg.AssetExecutionContext, config: FilterConfig, c
             **table_metadata(
                 kept,
                 SPEEDUP_FILTERED_PAIRS,
-                ["uuid", "problem_name", "speedup_used", "speedup_source", "verification_status"],
+                ["uuid", "problem_name", "speedup_used", "speedup_source", "verification_status", "verdict_id"],
             ),
             "threshold": threshold,
             "speedup_conventions": dg.MetadataValue.json(
                 dict(decisions.group_by("speedup_convention").len().iter_rows())),
+            "rows_to_verdicts": dg.MetadataValue.md(lineage_query_markdown(threshold_key, kept_only=True)),
             "kept_measured": kept.filter(pl.col("speedup_source") == "measured").height,
             "kept_recorded": kept.filter(pl.col("speedup_source") == "recorded").height,
             "speedup_histogram": dg.MetadataValue.md(
@@ -111,8 +128,14 @@ def speedup_filtering(context: dg.AssetExecutionContext, config: FilterConfig, c
         decisions,
         output_name="speedup_filter_decisions",
         metadata={
-            **table_metadata(decisions, SPEEDUP_FILTER_DECISIONS, ["uuid", "reason_code", "speedup_used"]),
+            **table_metadata(
+                decisions, SPEEDUP_FILTER_DECISIONS, ["uuid", "reason_code", "speedup_used", "speedup_source", "verdict_id"]
+            ),
             "decisions_by_reason": dg.MetadataValue.md(counts_markdown(decisions, "reason_code", "decision")),
+            "decisions_by_reason_plot": dg.MetadataValue.md(
+                bar_chart_markdown(decisions, "reason_code", f"decisions at threshold {threshold:g}x")
+            ),
+            "rows_to_verdicts": dg.MetadataValue.md(lineage_query_markdown(threshold_key, kept_only=False)),
         },
     )
     below = kept.filter(pl.col("speedup_used") < threshold)

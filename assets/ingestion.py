@@ -12,7 +12,14 @@ import duckdb
 
 from assets import keys
 from assets.keys import table_out
-from assets.metadata import counts_markdown, histogram_markdown, schema_check, table_metadata, versioned_output
+from assets.metadata import (
+    bar_chart_markdown,
+    counts_markdown,
+    histogram_markdown,
+    schema_check,
+    table_metadata,
+    versioned_output,
+)
 from dice_pipeline import concur
 from dice_pipeline.resources import (
     DERIVED_FROM_METADATA_KEY,
@@ -61,10 +68,16 @@ def _rejected_by_reason(rejects) -> dict[str, int]:
 @dg.multi_asset(
     outs={
         "concur_pairs": table_out(
-            keys.CONCUR_PAIRS, "Validated PyTorch->CUDA pairs in ConCuR's schema; extra source columns in extra_json."
+            keys.CONCUR_PAIRS,
+            "Validated PyTorch->CUDA pairs in ConCuR's schema, read from the configured source: the run's `source`, "
+            "else DICE_CONCUR_SOURCE, else the embedded seed corpus (the `source` metadata names the one used). "
+            "source_name + source_row trace each row back; extra source columns are kept in extra_json.",
         ),
         "concur_rejects": table_out(
-            keys.CONCUR_REJECTS, "Source rows that failed validation, each with a reason code and the row as read."
+            keys.CONCUR_REJECTS,
+            "Rows of the same source that failed validation (no ModelNew, unparsable code, duplicate uuid, ...), each "
+            "with a reason code, a message and the row as read; never silently dropped. All rejections of every "
+            "stage: lineage.rejections.",
         ),
     },
     group_name=keys.GROUP_INGEST,
@@ -137,6 +150,9 @@ def concur_ingestion(context: dg.AssetExecutionContext, config: ConcurSourceConf
             **provenance,
             DERIVED_FROM_METADATA_KEY: "concur_pairs",
             "rejections_by_reason": dg.MetadataValue.md(counts_markdown(rejects, "reason_code", "reason")),
+            "rejections_by_reason_plot": dg.MetadataValue.md(
+                bar_chart_markdown(rejects, "reason_code", "ingestion rejections by reason")
+            ),
         },
     )
     conserved = rows_read == accepted.height + rejects.height

@@ -10,8 +10,36 @@ import dagster as dg
 import polars as pl
 
 
+# What a column means, shown beside it on every asset page that has it (the UI's Columns table).
+COLUMN_DESCRIPTIONS = {
+    "uuid": "the pair's id in its source (ConCuR's uuid); joins every table of the pair",
+    "problem_name": "the PyTorch reference task's name",
+    "pytorch_code": "the PyTorch reference (class Model, get_inputs, get_init_inputs)",
+    "generated_code": "the candidate CUDA kernel (class ModelNew)",
+    "generated_think": "the reasoning the source model wrote before the kernel",
+    "source_name": "where the row was read from, e.g. embedded, hf:lkongam/ConCuR, parquet:/data/x.parquet",
+    "source_row": "0-based row index in that source, to trace a row back",
+    "speedup_over_eager": "speedup over eager PyTorch as the source recorded it (not measured by us)",
+    "threshold_key": "the threshold partition (canonical key, e.g. 2.0)",
+    "threshold": "the speedup threshold, as a number",
+    "speedup_used": "the speedup the decision used: measured by our verifier on a GPU, else the source's",
+    "speedup_source": "measured (our verifier, on a GPU) or recorded (the source's figure)",
+    "verification_status": "our verifier's status for the pair (correct, not_executed, incorrect, deceptive, ...)",
+    "verdict_id": "the verdict in verify.verified_pairs this row rests on",
+    "kept": "whether the pair passed at this threshold",
+    "reason_code": "why the row was dropped or rejected (kept when it was not)",
+    "measured_speedup": "speedup over eager PyTorch measured by our verifier (empty when not executed)",
+    "executed": "whether the verifier ran the candidate on a GPU",
+}
+
+
 def column_schema(schema: pl.Schema) -> dg.TableSchema:
-    return dg.TableSchema(columns=[dg.TableColumn(name, str(dtype)) for name, dtype in schema.items()])
+    return dg.TableSchema(
+        columns=[
+            dg.TableColumn(name, str(dtype), description=COLUMN_DESCRIPTIONS.get(name))
+            for name, dtype in schema.items()
+        ]
+    )
 
 
 def _cell(value, width: int = 60) -> str:
@@ -49,6 +77,48 @@ def table_metadata(frame: pl.DataFrame, schema: pl.Schema, preview_columns: Sequ
     }
 
 
+def lineage_query_markdown(threshold_key: str, kept_only: bool) -> str:
+    """The warehouse query that links this partition's rows to their source rows and verdicts."""
+    where = f"threshold_key = '{threshold_key}'" + (" AND kept" if kept_only else "")
+    return (
+        "Each row with its source row and verdict (DuckDB, `lineage` views):\n\n```sql\n"
+        "SELECT uuid, source_name, source_row, kept, reason_code, speedup_used, speedup_source,\n"
+        "       recorded_speedup, measured_speedup, verification_status, verdict_id\n"
+        f"FROM lineage.filter_lineage WHERE {where};\n"
+        "-- the verdicts themselves: SELECT * FROM lineage.pair_verification WHERE uuid = '...';\n```"
+    )
+
+
+def _png_markdown(fig, title: str) -> str:
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png")
+    plt.close(fig)
+    encoded = base64.b64encode(buffer.getvalue()).decode()
+    return f"![{title}](data:image/png;base64,{encoded})"
+
+
+def bar_chart_markdown(frame: pl.DataFrame, column: str, title: str) -> str:
+    """A horizontal bar chart of row counts per value of `column` (e.g. rejection reasons), as embedded PNG."""
+    if frame.height == 0:
+        return f"**{title}**: no rows"
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    counts = frame.group_by(column).len().sort("len")
+    labels = [str(v) for v in counts[column].to_list()]
+    fig, ax = plt.subplots(figsize=(6, 0.5 + 0.35 * len(labels)), dpi=100)
+    bars = ax.barh(labels, counts["len"].to_list(), color="#4a78b5")
+    ax.bar_label(bars, padding=3)
+    ax.set_title(title)
+    ax.set_xlabel("rows")
+    return _png_markdown(fig, title)
+
+
 def histogram_markdown(values: Sequence[float], title: str, threshold: float | None = None, log_x: bool = True) -> str:
     """A PNG histogram embedded in Markdown (the UI renders data URIs), with the threshold drawn as a line."""
     values = [v for v in values if v is not None and v > 0]
@@ -73,12 +143,7 @@ def histogram_markdown(values: Sequence[float], title: str, threshold: float | N
     ax.set_title(title)
     ax.set_xlabel("speedup over eager PyTorch (x)")
     ax.set_ylabel("pairs")
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    encoded = base64.b64encode(buffer.getvalue()).decode()
-    return f"![{title}](data:image/png;base64,{encoded})"
+    return _png_markdown(fig, title)
 
 
 def schema_check(check_name: str, asset_key: dg.AssetKey, frame: pl.DataFrame, schema: pl.Schema):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 import pytest
@@ -15,10 +16,25 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def _browser_missing() -> str | None:
+    """Why the browser tests cannot run here, or None when Playwright and a Chromium are both installed."""
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        return "needs Playwright: pip install -e '.[ui-test]' (README: Testing the UI)"
+    chromium = os.environ.get("DICE_CHROMIUM", "/usr/bin/chromium")
+    if not os.access(chromium, os.X_OK):
+        return f"needs Chromium at {chromium}: apt-get install chromium, or set DICE_CHROMIUM (README: Testing the UI)"
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
     has_gpu = _cuda_available()
     has_nvcc = shutil.which("nvcc") is not None
+    browser_missing = _browser_missing() if any("browser" in item.keywords for item in items) else None
     for item in items:
+        if "browser" in item.keywords and browser_missing:
+            item.add_marker(pytest.mark.skip(reason=browser_missing))
         if "gpu" in item.keywords and not has_gpu:
             item.add_marker(pytest.mark.skip(reason="needs a CUDA GPU; run on the GPU host (see benchmarks/RESULTS.md)"))
         if "nvcc" in item.keywords and not has_nvcc:

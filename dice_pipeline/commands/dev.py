@@ -14,10 +14,26 @@ def register(subparsers) -> None:
     parser.set_defaults(func=start_dagster_dev)
 
 
+def ensure_paper_threshold_partition(instance) -> str:
+    """Make the paper's threshold (2.0) a partition of the filter, so "Materialize all" in a fresh home has one to
+    run; other thresholds are added from the UI's launch dialog ("Add a partition")."""
+    from dice_pipeline import definitions
+    from dice_pipeline.filtering import PAPER_THRESHOLD, canonical_threshold_key
+
+    key = canonical_threshold_key(PAPER_THRESHOLD)
+    name = definitions.keys.THRESHOLD_PARTITIONS.name
+    if key not in instance.get_dynamic_partitions(name):
+        instance.add_dynamic_partitions(name, [key])
+    return key
+
+
 def start_dagster_dev(args) -> int:
     from dice_pipeline.paths import ensure_dagster_home, project_root
 
     ensure_dagster_home()
+    import dagster as dg
+
+    ensure_paper_threshold_partition(dg.DagsterInstance.get())
     workspace = project_root() / "workspace.yaml"
     command = [sys.executable, "-m", "dagster", "dev", "-h", args.host, "-p", str(args.port)]
     if workspace.is_file():
