@@ -190,8 +190,9 @@ def test_materialize_add_threshold_and_read_the_pages(dagster_dev, page, tmp_pat
 
     base_url, instance, env = dagster_dev
 
-    # 1. Materialize the whole graph on the embedded default: Lineage -> "Materialize all" -> partition 2.0.
-    _open(page, base_url + "/asset-groups")
+    # 1. Materialize the data graph on the embedded default: the `dice_main` job (ingest -> verify -> filter ->
+    # curate; training and evaluation are jobs of their own) -> "Materialize all" -> partition 2.0.
+    _open(page, base_url + "/locations/__repository__@dice_pipeline/jobs/dice_main")
     page.get_by_role("button", name="Materialize all").first.click()
     launch = page.get_by_role("dialog").filter(has_text="Partition selection")
     launch.get_by_role("button", name="All", exact=True).click()
