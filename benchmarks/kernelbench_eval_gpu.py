@@ -75,19 +75,28 @@ def _needs_baseline(row: dict | None, kind: str, executes: bool) -> bool:
 
 
 def _baseline_rows(tasks, config, kinds, state_path: Path, deadline: float, executes: bool, log) -> dict[str, dict]:
-    """Baselines of every task, kept in `state_path` between runs; eager first for all tasks, then compile."""
+    """Baselines of every task, kept in `state_path` between runs; eager first for all tasks, then compile. Each
+    chunk holds only as many tasks as the seconds a task has taken so far (kept between runs beside the state)
+    say fit before the deadline, so a chunk is not cut off and lost by the run's time limit."""
     rows: dict[str, dict] = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    pace_path = state_path.with_name(state_path.stem + "_seconds_per_task.json")
+    pace: dict[str, float] = json.loads(pace_path.read_text()) if pace_path.is_file() else {}
     for kind in kinds:
         todo = [t for t in tasks if _needs_baseline(rows.get(t.key), kind, executes)]
-        longest, chunk = 0.0, BASELINE_CHUNK[kind] if executes else max(1, len(todo))
-        for start in range(0, len(todo), chunk):
-            if time.monotonic() + longest >= deadline:
+        chunk = BASELINE_CHUNK[kind] if executes else max(1, len(todo))
+        start = 0
+        while start < len(todo):
+            per_task = pace.get(kind, 0.0)
+            fits = int((deadline - time.monotonic()) // per_task) if per_task > 0 else chunk
+            if fits < 1:
                 log(f"baselines ({kind}): deadline reached, {len(todo) - start} tasks left for the next run")
                 break
-            part = todo[start:start + chunk]
+            part = todo[start:start + min(chunk, fits)]
             began = time.monotonic()
             measured = measure_baselines(part, config, baselines=(kind,))
-            longest = max(longest, time.monotonic() - began)
+            pace[kind] = max(pace.get(kind, 0.0), (time.monotonic() - began) / len(part))
+            _write(pace_path, pace)
+            start += len(part)
             for row in measured:
                 old = rows.get(row["task_id"]) or {}
                 if kind == "compile":  # keep the eager numbers, add the compiled one
