@@ -90,11 +90,12 @@ def lineage_query_markdown(threshold_key: str, kept_only: bool) -> str:
 
 
 def _png_markdown(fig, title: str) -> str:
+    """The figure as a PNG embedded in Markdown. `bbox_inches="tight"` fits every label in the saved image whatever
+    the axes' sizes (tight_layout warns and gives up when long tick labels do not fit)."""
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
+    fig.savefig(buffer, format="png", bbox_inches="tight")
     plt.close(fig)
     encoded = base64.b64encode(buffer.getvalue()).decode()
     return f"![{title}](data:image/png;base64,{encoded})"
@@ -209,9 +210,4 @@ def curves_markdown(history: Sequence[dict], panels: dict[str, Sequence[str]], t
         if len(lines) > 1:
             ax.legend(fontsize=7)
     fig.suptitle(title)
-    fig.tight_layout()
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png")
-    plt.close(fig)
-    encoded = base64.b64encode(buffer.getvalue()).decode()
-    return f"![{title}](data:image/png;base64,{encoded})"
+    return _png_markdown(fig, title)

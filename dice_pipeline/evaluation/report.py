@@ -26,7 +26,7 @@ def comparison_markdown(metric_rows: Sequence[dict[str, Any]]) -> str:
     then a detail table (compile rate, all fast_p, host-convention fast1/fast2, geomean speedup, deceptive rate).
     `metric_rows`: rows of `level_metrics` with `checkpoint` and `level` added."""
     levels = sorted({int(r["level"]) for r in metric_rows} | {1, 2, 3})
-    lines = [f"# KernelBench comparison", "",
+    lines = ["# KernelBench comparison", "",
              f"Exec / fast1 / fast2 in % of all tasks of a level. fast_p: correct and speedup strictly greater than "
              f"p over eager PyTorch measured on the same GPU in the same worker (`speedup_{FAST_P_CONVENTION}`: "
              "GPU-time convention, flush and call enqueued back to back, as KernelBench / do_bench; "

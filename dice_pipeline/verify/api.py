@@ -236,6 +236,32 @@ class _BatchRun:
         verdict.flags = list(dict.fromkeys(static.flags + verdict.flags))
         return verdict
 
+    def screen(self, jobs: list[VerifyJob], results: list[Verdict | None]
+               ) -> tuple[list[StaticReport], list[int], VerdictStore | None]:
+        """What every backend does before any worker runs: static checks (AST only, milliseconds; rejected
+        candidates never reach a build worker), then verdicts already measured for these exact jobs and config
+        (on this GPU model; any GPU where there is none). Finishes those jobs; returns (static reports, the indices
+        still to build, the verdict store or None)."""
+        config = self.config
+        statics = [check_candidate_source(job.reference_src, job.candidate_src,
+                                          forbid_torch_compute_on_forward=config.forbid_torch_compute_on_forward)
+                   for job in jobs]
+        to_build = [i for i, static in enumerate(statics) if static.status is None]
+        for index, static in enumerate(statics):
+            if static.status is not None:
+                self.finish(jobs[index], self.static_verdict(static), results, index)
+        store = VerdictStore(config.verdict_store_dir) if config.verdict_store_dir else None
+        if store is not None:
+            local_gpu = self.gpus[0].name if self.gpus else None
+            for index in list(to_build):
+                stored = store.get(jobs[index], config, local_gpu, tuple(config.accept_verdicts_from))
+                if stored is not None:
+                    stored.flags = list(dict.fromkeys(statics[index].flags + stored.flags))
+                    _apply_generated_kernel_rule(stored, statics[index].kernel_names)
+                    self.finish(jobs[index], stored, results, index)
+                    to_build.remove(index)
+        return statics, to_build, store
+
     def finish(self, job: VerifyJob, verdict: Verdict, results: list[Verdict | None], index: int) -> None:
         with self.lock:
             results[index] = verdict
@@ -290,26 +316,7 @@ def verify_batch(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,
     results: list[Verdict | None] = [None] * len(jobs)
     ready: queue.Queue[tuple[int, StaticReport, dict[str, Any]] | None] = queue.Queue()
 
-    # Static checks first (AST only, milliseconds): rejected candidates never reach a build worker.
-    statics = [check_candidate_source(job.reference_src, job.candidate_src,
-                                      forbid_torch_compute_on_forward=config.forbid_torch_compute_on_forward)
-               for job in jobs]
-    to_build = [i for i, static in enumerate(statics) if static.status is None]
-    for index, static in enumerate(statics):
-        if static.status is not None:
-            run.finish(jobs[index], run.static_verdict(static), results, index)
-
-    # Verdicts already measured for these exact jobs and config (on this GPU model; any GPU where there is none).
-    store = VerdictStore(config.verdict_store_dir) if config.verdict_store_dir else None
-    if store is not None:
-        local_gpu = run.gpus[0].name if run.gpus else None
-        for index in list(to_build):
-            stored = store.get(jobs[index], config, local_gpu, tuple(config.accept_verdicts_from))
-            if stored is not None:
-                stored.flags = list(dict.fromkeys(statics[index].flags + stored.flags))
-                _apply_generated_kernel_rule(stored, statics[index].kernel_names)
-                run.finish(jobs[index], stored, results, index)
-                to_build.remove(index)
+    statics, to_build, store = run.screen(jobs, results)
 
     def finish_measured(index: int, verdict: Verdict) -> None:
         if store is not None and run.execute:

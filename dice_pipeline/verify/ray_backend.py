@@ -25,10 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from dice_pipeline.gpu_pool import BUILD_MEMORY_MB, device_lock
-from dice_pipeline.verify.api import PrestartedJudge, ResultCallback, _apply_generated_kernel_rule, _BatchRun
+from dice_pipeline.verify.api import PrestartedJudge, ResultCallback, _BatchRun
 from dice_pipeline.verify.config import VerifyConfig, VerifyJob
-from dice_pipeline.verify.static_checks import StaticReport, check_candidate_source
-from dice_pipeline.verify.store import VerdictStore
+from dice_pipeline.verify.static_checks import StaticReport
 from dice_pipeline.verify.verdict import Reason, Status, Verdict
 
 # A directory where every task attempt leaves a file `<job>.<stage>.<pid>`: shows retries and which Ray worker
@@ -134,29 +133,10 @@ def _verify_on_ray(ray, jobs, config, on_result, max_retries, build_cpus, build_
     judge_load = [0] * len(judges)
     judge_queue: list[tuple[int, dict[str, Any]]] = []
 
-    statics = [check_candidate_source(job.reference_src, job.candidate_src,
-                                      forbid_torch_compute_on_forward=config.forbid_torch_compute_on_forward)
-               for job in jobs]
-    to_build = [i for i, static in enumerate(statics) if static.status is None]
-    for index, static in enumerate(statics):
-        if static.status is not None:
-            run.finish(jobs[index], run.static_verdict(static), results, index)
-
-    store = VerdictStore(config.verdict_store_dir) if config.verdict_store_dir else None
-    if store is not None:
-        local_gpu = run.gpus[0].name if run.gpus else None
-        # Verifier 0.3 adds older versions whose stored verdicts may fill in (VerifyConfig.accept_verdicts_from).
-        accept = tuple(getattr(config, "accept_verdicts_from", ()))
-        for index in list(to_build):
-            stored = store.get(jobs[index], config, local_gpu, *((accept,) if accept else ()))
-            if stored is not None:
-                stored.flags = list(dict.fromkeys(statics[index].flags + stored.flags))
-                _apply_generated_kernel_rule(stored, statics[index].kernel_names)
-                run.finish(jobs[index], stored, results, index)
-                to_build.remove(index)
+    statics, to_build, store = run.screen(jobs, results)  # the same static checks and store lookups as local
 
     def finish_measured(index: int, verdict: Verdict) -> None:
-        if store is not None and execute and verdict.status != getattr(Status, "INFRASTRUCTURE_ERROR", None):
+        if store is not None and execute:  # the store itself refuses what it must not keep (timeouts, ...)
             store.put(jobs[index], config, verdict)
         run.finish(jobs[index], verdict, results, index)
 

@@ -25,3 +25,23 @@ def run_dice(tmp_path):
                               capture_output=True, text=True, timeout=3000)
 
     return run
+
+
+@pytest.fixture
+def cpu_resources():
+    """Builds the project's resources over a scratch warehouse (see _cpu_resources)."""
+    return _cpu_resources
+
+
+def _cpu_resources(warehouse_file: str, **extra) -> dict:
+    """The project's resources over a scratch warehouse, with the verifier on static checks only (no GPU in CI, and
+    compiling is covered by the verifier's own tests); `extra` adds or replaces resources."""
+    from dice_pipeline.resources import KernelGeneratorResource, KernelVerifier, WarehouseIOManager, WarehouseResource
+
+    return {
+        "io_manager": WarehouseIOManager(path=warehouse_file),
+        "warehouse": WarehouseResource(path=warehouse_file),
+        "verifier": KernelVerifier(execute="never", compile_without_gpu=False),
+        "generator": KernelGeneratorResource(),
+        **extra,
+    }

@@ -8,7 +8,6 @@ import pytest
 
 from assets import keys
 from dice_pipeline import definitions
-from dice_pipeline.resources import KernelGeneratorResource, KernelVerifier, WarehouseIOManager, WarehouseResource
 from warehouse import Warehouse
 
 UPSTREAM = [keys.CONCUR_PAIRS, keys.CONCUR_REJECTS, keys.VERIFIED_PAIRS]
@@ -16,16 +15,11 @@ FILTER = [keys.SPEEDUP_FILTERED_PAIRS, keys.SPEEDUP_FILTER_DECISIONS]
 
 
 @pytest.fixture
-def materialized(tmp_path, pair_factory):
+def materialized(tmp_path, pair_factory, cpu_resources):
     """A warehouse with ingestion, verification and the 2.0 filter materialized from a small JSONL source."""
     instance = dg.DagsterInstance.ephemeral()
     warehouse_file = str(tmp_path / "w.duckdb")
-    resources = {
-        "io_manager": WarehouseIOManager(path=warehouse_file),
-        "warehouse": WarehouseResource(path=warehouse_file),
-        "verifier": KernelVerifier(execute="never", compile_without_gpu=False),
-        "generator": KernelGeneratorResource(),
-    }
+    resources = cpu_resources(warehouse_file)
     source = tmp_path / "pairs.jsonl"
     source.write_text("".join(json.dumps(pair_factory(i, speedup=s)) + "\n" for i, s in enumerate([0.8, 1.6, 2.4])))
     instance.add_dynamic_partitions(keys.THRESHOLD_PARTITIONS.name, ["2.0"])

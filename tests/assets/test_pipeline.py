@@ -11,7 +11,7 @@ from dagster._utils.test.data_versions import get_stale_status_resolver
 
 from assets import keys
 from dice_pipeline import definitions
-from dice_pipeline.resources import KernelGeneratorResource, KernelVerifier, WarehouseIOManager, WarehouseResource
+from dice_pipeline.resources import KernelVerifier
 from warehouse import Warehouse, table_for
 
 
@@ -27,17 +27,10 @@ def _write_source(path, rows):
 
 
 @pytest.fixture
-def env(tmp_path):
+def env(tmp_path, cpu_resources):
     instance = dg.DagsterInstance.ephemeral()
     warehouse_file = str(tmp_path / "w.duckdb")
-    resources = {
-        "io_manager": WarehouseIOManager(path=warehouse_file),
-        "warehouse": WarehouseResource(path=warehouse_file),
-        # No GPU in CI, and compiling is covered by the verifier's own tests: static checks only here.
-        "verifier": KernelVerifier(execute="never", compile_without_gpu=False),
-        "generator": KernelGeneratorResource(),
-        "mem": dg.InMemoryIOManager(),
-    }
+    resources = cpu_resources(warehouse_file, mem=dg.InMemoryIOManager())
     return instance, resources, Warehouse(warehouse_file)
 
 

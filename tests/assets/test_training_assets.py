@@ -12,7 +12,6 @@ from dagster._utils.test.data_versions import get_stale_status_resolver
 
 from assets import keys
 from dice_pipeline import definitions
-from dice_pipeline.resources import KernelGeneratorResource, KernelVerifier, WarehouseIOManager, WarehouseResource
 
 DATA = [keys.CONCUR_PAIRS, keys.CONCUR_REJECTS, keys.VERIFIED_PAIRS, keys.SPEEDUP_FILTERED_PAIRS,
         keys.SPEEDUP_FILTER_DECISIONS, keys.STRUCTURE_INSTANCES, keys.CUKE_SFT_SAMPLES, keys.CUKE_SFT_REJECTS,
@@ -23,7 +22,7 @@ TINY = {"config": {"tiny": True}}
 
 
 @pytest.fixture
-def env(tmp_path, monkeypatch):
+def env(tmp_path, monkeypatch, cpu_resources):
     monkeypatch.setenv("DICE_ARTIFACTS_DIR", str(tmp_path / "artifacts"))
     monkeypatch.setenv("DICE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("DICE_EVAL_CHECKPOINTS", str(tmp_path / "eval_checkpoints.json"))
@@ -32,12 +31,7 @@ def env(tmp_path, monkeypatch):
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions(keys.THRESHOLD_PARTITIONS.name, ["2.0"])
     warehouse_file = str(tmp_path / "w.duckdb")
-    resources = {
-        "io_manager": WarehouseIOManager(path=warehouse_file),
-        "warehouse": WarehouseResource(path=warehouse_file),
-        "verifier": KernelVerifier(execute="never", compile_without_gpu=False),
-        "generator": KernelGeneratorResource(),
-    }
+    resources = cpu_resources(warehouse_file)
     return instance, resources
 
 

@@ -8,7 +8,6 @@ import pytest
 
 from assets import keys
 from dice_pipeline import definitions
-from dice_pipeline.resources import KernelGeneratorResource, KernelVerifier, WarehouseIOManager, WarehouseResource
 from warehouse import Warehouse, table_for
 
 UPSTREAM = [keys.CONCUR_PAIRS, keys.CONCUR_REJECTS, keys.VERIFIED_PAIRS]
@@ -17,15 +16,10 @@ GARBAGE = '{"uuid": "a", "pytorch_code": \n{"uuid": "b", "generated_code": "x"}\
 
 
 @pytest.fixture
-def env(tmp_path):
+def env(tmp_path, cpu_resources):
     instance = dg.DagsterInstance.ephemeral()
     warehouse_file = str(tmp_path / "w.duckdb")
-    resources = {
-        "io_manager": WarehouseIOManager(path=warehouse_file),
-        "warehouse": WarehouseResource(path=warehouse_file),
-        "verifier": KernelVerifier(execute="never", compile_without_gpu=False),
-        "generator": KernelGeneratorResource(),
-    }
+    resources = cpu_resources(warehouse_file)
     instance.add_dynamic_partitions(keys.THRESHOLD_PARTITIONS.name, ["1.5", "2.0"])
     return instance, resources, Warehouse(warehouse_file)
 
