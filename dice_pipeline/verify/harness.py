@@ -993,13 +993,16 @@ class CandidateJudge:
     def run(self, *, with_timing: bool = True) -> Judgement:
         try:
             try:
+                stage = "correctness"
                 if not self.prepared:
                     self.prepare_reference()
                 self._build_candidate()
                 self.run_correctness()
                 if not self.control:
+                    stage = "anti_gaming"
                     self.run_profiler_check()
                 if with_timing:
+                    stage = "timing"
                     self.run_timing()
                     if self.config.extra_baselines:
                         self.run_extra_baselines()
@@ -1008,8 +1011,8 @@ class CandidateJudge:
             except CandidateFailed as failed:  # candidate code raised while timed: its runtime error
                 cause = failed.__cause__ or failed
                 if is_out_of_memory(cause):
-                    raise self._candidate_out_of_memory(cause, "timing") from failed
-                raise Rejection(Status.RUNTIME_ERROR, "candidate_raised", str(failed)[:2000], "timing") from failed
+                    raise self._candidate_out_of_memory(cause, stage) from failed
+                raise Rejection(Status.RUNTIME_ERROR, "candidate_raised", str(failed)[:2000], stage) from failed
             except Exception as exc:  # noqa: BLE001
                 if is_out_of_memory(exc):  # the verifier's own allocations (inputs, clones, comparisons)
                     raise self._infrastructure("harness_out_of_memory",
@@ -1017,7 +1020,7 @@ class CandidateJudge:
                 # Anything else after candidate code ran (e.g. a sticky CUDA fault surfacing at the next sync) is
                 # the candidate's runtime error, as in verifier 0.2.
                 raise Rejection(Status.RUNTIME_ERROR, "candidate_raised", f"{type(exc).__name__}: {exc}"[:2000],
-                                "timing") from exc
+                                stage) from exc
         except Rejection as rejection:
             self.judgement.status = rejection.status
             self.judgement.reasons.append(rejection.reason)
