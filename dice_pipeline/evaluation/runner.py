@@ -160,6 +160,21 @@ class _Budget:
         self.longest = max(self.longest, time.monotonic() - self.started)
 
 
+def _budgeted_chunks(items: list, size: int, deadline: float | None, run: EvaluationRun, what: str):
+    """Consecutive chunks of `items`, each started only if the longest chunk so far still ends before the deadline
+    (the time a chunk takes is the caller's work on it between two yields); when one is refused,
+    `run.stopped_early` says how many items were left `what` (e.g. "tasks not generated")."""
+    budget = _Budget(deadline)
+    size = max(1, size)
+    for start in range(0, len(items), size):
+        if not budget.allows_another():
+            run.stopped_early = f"deadline reached with {len(items) - start} {what}"
+            return
+        budget.start()
+        yield items[start:start + size]
+        budget.finish()
+
+
 def run_evaluation(tasks: Sequence[KernelBenchTask], *, state_dir: str | os.PathLike, generate: GenerateFn | None,
                    judge: JudgeFn, samples: int = 1, seed: int = 0, can_execute: bool = False,
                    generation_batch: int = 16, judge_chunk: int = 0, deadline: float | None = None,
@@ -183,16 +198,9 @@ def run_evaluation(tasks: Sequence[KernelBenchTask], *, state_dir: str | os.Path
 
     if missing and generate is not None:
         bar = _Progress(len(missing), "generate", log, progress)
-        budget = _Budget(deadline)
         try:
-            for start in range(0, len(missing), max(1, generation_batch)):
-                if not budget.allows_another():
-                    run.stopped_early = f"deadline reached with {len(missing) - start} tasks not generated"
-                    break
-                batch = missing[start:start + generation_batch]
-                budget.start()
+            for batch in _budgeted_chunks(missing, generation_batch, deadline, run, "tasks not generated"):
                 answers = generate(batch, seed)
-                budget.finish()
                 for task, task_samples in zip(batch, answers):
                     for k, sample in enumerate(task_samples[:samples]):
                         state.put_generation(task.key, k, sample)
@@ -239,16 +247,9 @@ def run_evaluation(tasks: Sequence[KernelBenchTask], *, state_dir: str | os.Path
             bar.step(f"{job.job_id}: {verdict.summary()}")
 
         chunk = judge_chunk if judge_chunk > 0 else len(jobs)
-        budget = _Budget(deadline)
         try:
-            for start in range(0, len(jobs), chunk):
-                if not budget.allows_another():
-                    run.stopped_early = f"deadline reached with {len(jobs) - start} answers not judged"
-                    break
-                part = jobs[start:start + chunk]
-                budget.start()
+            for part in _budgeted_chunks(jobs, chunk, deadline, run, "answers not judged"):
                 returned = judge(part, on_result)
-                budget.finish()
                 for job, verdict in zip(part, returned):  # a judge that never called on_result still counts
                     task, k = job_keys[job.job_id]
                     if (task.key, k) not in verdicts:

@@ -434,10 +434,9 @@ class CandidateJudge:
                 return [_to_device(x, self.device) for x in self.reference.get_inputs()]
         return [_to_device(x, self.device) for x in self.reference.get_inputs()]
 
-    def _choose_input_draw(self) -> float:
+    def _choose_input_draw(self) -> None:
         """Draw inputs on the host (the task's own get_inputs(), like KernelBench), or on the GPU when a host draw
-        is slow or large; returns the seconds one draw takes the chosen way. Both models always see the same
-        values; the verdict states which way they were drawn."""
+        is slow or large. Both models always see the same values; the verdict states which way they were drawn."""
         cfg, provenance = self.config, self.judgement.fields.setdefault("provenance", {})
         get_inputs = self.reference.get_inputs
         planned_bytes = None
@@ -449,7 +448,6 @@ class CandidateJudge:
         except Exception:  # noqa: BLE001 - the host draw below tells instead
             planned = None
         why = None
-        host_draw_s = None
         if planned_bytes is not None and planned_bytes > cfg.gpu_draw_bytes:
             why = f"inputs of {planned_bytes / 2**20:.0f} MB"
         else:
@@ -480,15 +478,10 @@ class CandidateJudge:
                 self.draw_on_gpu = True
                 provenance["input_draw"] = (f"get_inputs() under a CUDA device context, seeded ({why}; one GPU draw "
                                             f"{gpu_draw_s:.3f} s)")
-                return gpu_draw_s
+                return
             provenance["input_draw"] = f"get_inputs() on the host ({why}; it cannot draw on the GPU)"
         else:
             provenance["input_draw"] = "get_inputs() on the host"
-        if host_draw_s is None:
-            started = self._perf_counter()
-            self._inputs(cfg.seed)
-            host_draw_s = self._perf_counter() - started
-        return host_draw_s
 
     # -- calls ----------------------------------------------------------------------------------------------------
     def prepare_reference(self) -> tuple[float, float]:
@@ -496,7 +489,7 @@ class CandidateJudge:
         Returns (seconds of one input draw, seconds of one reference call), from which the run's limit is sized."""
         cfg = self.config
         try:
-            draw_s = self._choose_input_draw()
+            self._choose_input_draw()
             init_inputs = [_to_device(x, self.device) for x in self.reference.get_init_inputs()]
             self.init_inputs = init_inputs
             torch.manual_seed(cfg.seed)
@@ -509,7 +502,11 @@ class CandidateJudge:
                                            f"{exc}"[:1000]) from exc
             raise Rejection(Status.RUNTIME_ERROR, "reference_failed", f"reference Model(): {exc!r}"[:2000],
                             "correctness") from exc
-        inputs = self._inputs(cfg.seed - 1)
+        self._synchronize()
+        started = self._perf_counter()
+        inputs = self._inputs(cfg.seed - 1)  # the probe's draw, made the chosen way, sizes the limit too
+        self._synchronize()
+        draw_s = self._perf_counter() - started
         self.probe = self._call_reference(inputs, cfg.seed - 1)
         started = self._perf_counter()
         again = self._call_reference(inputs, cfg.seed - 1)

@@ -28,6 +28,8 @@ _NOT_IN_KEY = frozenset({
     "use_precompiled_header", "isolate_network", "compile_arch", "build_without_gpu", "compile_timeout_s",
     "run_timeout_s", "verdict_store_dir", "prestart_gpu_workers", "gpu_worker_cpus",
     "device_lock_dir",
+    # set per attempt, bounding time, or choosing which stored verdicts to read: never what a verdict says
+    "low_memory", "max_run_timeout_s", "slow_candidate_factor", "accept_verdicts_from",
 })
 # VerifyConfig fields that enter the key only when set: at their default (empty) they ask for nothing extra, so a
 # verdict judged before the field existed is the verdict judged now.
@@ -40,7 +42,6 @@ _FIELDS_ADDED_IN = {
                         "slow_draw_seconds", "gpu_draw_bytes", "low_memory", "consistency_tolerance_ratio",
                         "baseline_kernel_policy", "baseline_kernel_share", "accept_verdicts_from"}),
 }
-_NOT_IN_KEY = _NOT_IN_KEY | {"low_memory", "max_run_timeout_s", "slow_candidate_factor", "accept_verdicts_from"}
 
 
 def _fields_unknown_to(version: str) -> frozenset[str]:
