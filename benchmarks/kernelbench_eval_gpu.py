@@ -28,7 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from dice_pipeline.evaluation.baselines import measure_baselines  # noqa: E402
+from dice_pipeline.evaluation.baselines import baselines_from_sweep, measure_baselines  # noqa: E402
 from dice_pipeline.evaluation.evaluate import (  # noqa: E402
     can_execute,
     evaluation_verify_config,
@@ -79,6 +79,7 @@ def _baseline_rows(tasks, config, kinds, state_path: Path, deadline: float, exec
     chunk holds only as many tasks as the seconds a task has taken so far (kept between runs beside the state)
     say fit before the deadline, so a chunk is not cut off and lost by the run's time limit."""
     rows: dict[str, dict] = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    state_path.parent.mkdir(parents=True, exist_ok=True)
     pace_path = state_path.with_name(state_path.stem + "_seconds_per_task.json")
     pace: dict[str, float] = json.loads(pace_path.read_text()) if pace_path.is_file() else {}
     for kind in kinds:
@@ -107,6 +108,18 @@ def _baseline_rows(tasks, config, kinds, state_path: Path, deadline: float, exec
                     f"compile_ms_gpu={row.get('compile_ms_gpu')} {row.get('message') or ''}".rstrip())
             _write(state_path, rows)
     return rows
+
+
+def _seed_baselines(sweep_path: Path, tasks, state_path: Path, log) -> None:
+    """Baselines the full-size sweep measured one task at a time, for the tasks the state does not hold yet."""
+    rows = [json.loads(line) for line in sweep_path.read_text().splitlines() if line.strip()]
+    kept: dict[str, dict] = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    seeded = {k: v for k, v in baselines_from_sweep(rows, [t.key for t in tasks]).items()
+              if not kept.get(k) or kept[k].get("status") in ("infrastructure_error", "not_executed")}
+    if seeded:
+        state_path.parent.mkdir(parents=True, exist_ok=True)
+        _write(state_path, {**kept, **seeded})
+    log(f"baselines: {len(seeded)} taken from {sweep_path} (one task on the GPU at a time)")
 
 
 def _stored_results(tasks, state_dir: Path, samples: int, executes: bool):
@@ -138,8 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baselines", default="eager,compile")
     parser.add_argument("--judge-chunk", type=int, default=0,
                         help="answers judged per verifier batch, the deadline checked between (default 2 x cores)")
+    parser.add_argument("--baselines-from", type=Path, default=None,
+                        help="a kernelbench_sweep.py --lanes 1 state file: its rows seed the baselines not yet kept")
     parser.add_argument("--no-sanity", action="store_true")
     parser.add_argument("--no-execute", action="store_true", help="static checks only, even with a GPU")
+    parser.add_argument("--no-generate", action="store_true",
+                        help="judge only the answers the state directory holds (none: only sanity rows and "
+                             "baselines are run; the metrics then count every task as missing)")
     args = parser.parse_args(argv)
 
     started = time.monotonic()
@@ -182,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
 
         t0 = time.monotonic()
         chunk = args.judge_chunk or 2 * max(1, config.max_parallel_builds)
-        run = run_evaluation(tasks, state_dir=state_dir, generate=generate, judge=verifier_judge(config),
+        run = run_evaluation(tasks, state_dir=state_dir, generate=None if args.no_generate else generate, judge=verifier_judge(config),
                              samples=args.samples, can_execute=executes, generation_batch=args.batch_size,
                              judge_chunk=chunk, deadline=deadline, log=log, progress=sys.stderr.isatty())
         summary["phases"]["generate_and_judge_s"] = round(time.monotonic() - t0, 1)
@@ -200,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
 
         t0 = time.monotonic()
         kinds = [k for k in args.baselines.split(",") if k]
+        if args.baselines_from is not None:
+            _seed_baselines(args.baselines_from, tasks, state_dir / "baselines.json", log)
         baselines = _baseline_rows(tasks, config, kinds, state_dir / "baselines.json", deadline, executes, log)
         summary["phases"]["baselines_s"] = round(time.monotonic() - t0, 1)
     except BaseException as error:  # noqa: BLE001 - write what there is, whatever stopped us

@@ -53,6 +53,28 @@ def measure_baselines(tasks: Sequence[KernelBenchTask], config, baselines: Seque
     return [by_id[task_id] for task_id, _ in jobs]
 
 
+def baselines_from_sweep(rows: Sequence[dict[str, Any]], task_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Baseline rows (keyed by task id, in the evaluation's state format) from a full-size sweep's rows
+    (`benchmarks/kernelbench_sweep.py --lanes 1`): the same `measure_references` measurement. Only rows of the given
+    tasks, measured with one task on the GPU at a time (a multi-lane sweep's timings disturb each other) and
+    finished (measured, or a reference that failed on its own) are taken; compile numbers only where the sweep timed
+    torch.compile too. The last row of a task wins."""
+    wanted = set(task_ids)
+    out: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        if row.get("task_id") not in wanted or row.get("lanes_per_gpu") != 1:
+            continue
+        if row.get("status") not in ("measured", "runtime_error", "timeout"):
+            continue
+        seeded = normalise_baseline_row(row)
+        if row["status"] == "measured" and "compile" in (row.get("baselines") or []):
+            compiled = row.get("compile_ms_gpu")
+            seeded.update(compile_status="measured" if compiled else "runtime_error",
+                          compile_message=None if compiled else (row.get("compile_error") or "no compiled time"))
+        out[row["task_id"]] = seeded
+    return out
+
+
 def speedup_over(baseline_ms: float | None, candidate_ms: float | None) -> float | None:
     """baseline time / candidate time, both measured here; None unless both are positive numbers."""
     if not baseline_ms or not candidate_ms or baseline_ms <= 0 or candidate_ms <= 0:

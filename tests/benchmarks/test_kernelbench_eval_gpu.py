@@ -87,3 +87,45 @@ def test_which_baselines_a_later_run_measures():
     assert _needs_baseline({"status": "measured"}, "compile", executes=True)
     assert not _needs_baseline({"status": "measured", "compile_status": "runtime_error"}, "compile", executes=True)
     assert not _needs_baseline({"status": "not_executed"}, "compile", executes=True)
+
+
+def _sweep_row(task_id, status="measured", lanes=1, baselines=("eager", "compile"), compile_ms=0.5):
+    return {"task_id": task_id, "status": status, "message": "", "eager_ms_gpu": 1.0, "eager_ms_host": 1.1,
+            "compile_ms_gpu": compile_ms, "compile_error": None if compile_ms else "BackendCompilerFailed: boom",
+            "peak_gpu_mb": 10.0, "input_draw": "get_inputs() on the host", "provenance": {"gpu": "H200"},
+            "lanes_per_gpu": lanes, "baselines": list(baselines)}
+
+
+def test_baselines_are_taken_from_a_one_lane_sweep_only():
+    from dice_pipeline.evaluation.baselines import baselines_from_sweep
+
+    rows = [_sweep_row("L1/1_A"), _sweep_row("L1/2_B", lanes=3), _sweep_row("L1/3_C", compile_ms=None),
+            _sweep_row("L1/4_D", baselines=("eager",)), _sweep_row("L1/5_E", status="infrastructure_error"),
+            _sweep_row("L1/6_F", status="timeout"), _sweep_row("L2/1_G")]
+    seeded = baselines_from_sweep(rows, ["L1/1_A", "L1/2_B", "L1/3_C", "L1/4_D", "L1/5_E", "L1/6_F"])
+    assert sorted(seeded) == ["L1/1_A", "L1/3_C", "L1/4_D", "L1/6_F"]  # multi-lane, infra error, other level: out
+    assert seeded["L1/1_A"]["compile_status"] == "measured" and seeded["L1/1_A"]["compile_ms_gpu"] == 0.5
+    assert seeded["L1/3_C"]["compile_status"] == "runtime_error" and "boom" in seeded["L1/3_C"]["compile_message"]
+    assert "compile_status" not in seeded["L1/4_D"]  # eager only: the evaluation still times torch.compile
+    assert "compile_status" not in seeded["L1/6_F"]
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from kernelbench_eval_gpu import _needs_baseline
+
+    assert not _needs_baseline(seeded["L1/1_A"], "compile", executes=True)
+    assert _needs_baseline(seeded["L1/4_D"], "compile", executes=True)
+    assert not _needs_baseline(seeded["L1/6_F"], "eager", executes=True)
+
+
+def test_the_sweep_resumes_from_its_state_and_retries_infrastructure_errors(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from kernelbench_sweep import read_state
+
+    state = tmp_path / "state.jsonl"
+    state.write_text("\n".join(json.dumps(r) for r in [
+        _sweep_row("L1/1_A", status="infrastructure_error"), _sweep_row("L1/1_A"),
+        _sweep_row("L1/2_B"), _sweep_row("L1/2_B", status="infrastructure_error"),
+        _sweep_row("L1/3_C", status="not_executed")]) + "\n{\"task_id\": \"L1/4")
+    kept = {row["task_id"]: row["status"] for row in read_state(state)}
+    assert kept == {"L1/1_A": "measured"}  # the last row wins; infra errors and not-executed are judged again
+    assert read_state(tmp_path / "missing.jsonl") == [] and read_state(None) == []
