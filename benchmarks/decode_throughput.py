@@ -33,19 +33,27 @@ import argparse
 import hashlib
 import json
 import random
+import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the GPU image runs the checkout, not an install
 
-from training.configuration_sdar import preset_config
-from training.convert import load_pretrained_as_block_diffusion
-from training.diffusion import TokenizedSample, block_diffusion_loss, build_attention_mask, pack_block_diffusion
-from training.generate import autoregressive_generate, block_diffusion_generate
-from training.modeling_sdar import SDARForCausalLM
-from training.sft import SFTConfig, text_windows, train_block_diffusion
-from training.tokenizer import train_bpe_tokenizer
+import torch   # noqa: E402
+
+from training.configuration_sdar import preset_config   # noqa: E402
+from training.convert import load_pretrained_as_block_diffusion   # noqa: E402
+from training.diffusion import (   # noqa: E402
+    TokenizedSample,
+    block_diffusion_loss,
+    build_attention_mask,
+    pack_block_diffusion,
+)
+from training.generate import autoregressive_generate, block_diffusion_generate   # noqa: E402
+from training.modeling_sdar import SDARForCausalLM  # noqa: E402
+from training.sft import SFTConfig, text_windows, train_block_diffusion  # noqa: E402
+from training.tokenizer import train_bpe_tokenizer  # noqa: E402
 
 
 def default_corpus() -> Path:

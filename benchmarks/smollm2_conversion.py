@@ -12,16 +12,19 @@ import argparse
 import csv
 import platform
 import random
+import sys
 import time
 from datetime import date
 from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the GPU image runs the checkout, not an install
 
-from training.convert import load_pretrained_as_block_diffusion, smollm2_gguf_path
-from training.diffusion import block_diffusion_loss, build_attention_mask, pack_block_diffusion
-from training.sft import SFTConfig, text_windows, train_block_diffusion
-from training.tokenizer import iter_corpus_texts
+import torch  # noqa: E402
+
+from training.convert import load_pretrained_as_block_diffusion, smollm2_gguf_path  # noqa: E402
+from training.diffusion import block_diffusion_loss, build_attention_mask, pack_block_diffusion  # noqa: E402
+from training.sft import SFTConfig, text_windows, train_block_diffusion  # noqa: E402
+from training.tokenizer import iter_corpus_texts  # noqa: E402
 
 DEFAULT_CORPUS = ["/work/shared/data/kernelbench/tasks.jsonl", "dice_pipeline/seed_corpus"]
 

@@ -20,16 +20,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from datetime import datetime, timezone
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the GPU image runs the checkout, not an install
 
-from training.configuration_sdar import preset_config
-from training.diffusion import (TokenizedSample, autoregressive_loss, block_diffusion_loss, block_diffusion_mask_mod,
+import torch  # noqa: E402
+
+from training.configuration_sdar import preset_config  # noqa: E402
+from training.diffusion import (TokenizedSample, autoregressive_loss, block_diffusion_loss, block_diffusion_mask_mod,  # noqa: E402
                                 block_mask_from_layout, build_attention_mask, noise_sample, pack_segments,
                                 tile_structure)
-from training.modeling_sdar import SDARForCausalLM, set_flex_compile_mode
+from training.modeling_sdar import SDARForCausalLM, set_flex_compile_mode  # noqa: E402
 
 H200_BF16_DENSE_PEAK = 989e12  # FLOP/s, NVIDIA's H200 SXM dense bf16 figure
 FLEX_TILE = 128
