@@ -152,7 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--judge-chunk", type=int, default=0,
                         help="answers judged per verifier batch, the deadline checked between (default 2 x cores)")
     parser.add_argument("--baselines-from", type=Path, default=None,
-                        help="a kernelbench_sweep.py --lanes 1 state file: its rows seed the baselines not yet kept")
+                        help="a kernelbench_sweep.py state file: its rows timed alone on the GPU seed the baselines "
+                             "not yet kept")
     parser.add_argument("--no-sanity", action="store_true")
     parser.add_argument("--no-execute", action="store_true", help="static checks only, even with a GPU")
     parser.add_argument("--no-generate", action="store_true",

@@ -9,10 +9,11 @@ limit, peak GPU memory per task, how inputs were drawn, and the control's speedu
 Writes OUT_DIR/kernelbench_sweep.jsonl (one row per task) and OUT_DIR/kernelbench_sweep_summary.json, and prints
 a summary. Stops starting tasks once --budget-s is spent (the rows say which tasks were not reached). With --state
 the rows are also appended to FILE and a second run (other levels, other lanes) skips the tasks FILE already holds
-(an infrastructure_error is tried again); the summary covers every row of FILE for the levels asked. With
-`--lanes 1 --baselines eager,compile` the rows are this host's KernelBench baselines (each reference alone on the
-GPU): `kernelbench_eval_gpu.py --baselines-from FILE` takes them instead of measuring again. torch and the standard
-library only (runs on a bare CUDA+PyTorch image).
+(an infrastructure_error is tried again); the summary covers every row of FILE for the levels asked. `--lanes N`
+judges N tasks on the GPU at once (VerifyConfig.gpu_lanes): their untimed work overlaps and every timed section
+has the GPU to itself, so with `--baselines eager,compile` the rows are this host's KernelBench baselines at any
+lane count: `kernelbench_eval_gpu.py --baselines-from FILE` takes them instead of measuring again. torch and the
+standard library only (runs on a bare CUDA+PyTorch image).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def sweep_config(args: argparse.Namespace) -> VerifyConfig:
     """The default VerifyConfig (limits, draws, both conventions) with a shorter timing budget per task: the sweep
     checks that every task can be judged, not the last percent of its speed."""
     return VerifyConfig(timing_samples=args.timing_samples, timing_budget_s=args.timing_budget_s,
-                        warmup_seconds=0.2, gpu_memory_fraction=min(0.9, 0.9 / max(1, args.lanes)),
+                        warmup_seconds=0.2, gpu_memory_fraction=0.9,  # split between the lanes
                         # Each lane gets the cores one GPU worker has (the sweep builds nothing beside them).
                         gpu_worker_cpus=VerifyConfig.gpu_worker_cpus * max(1, args.lanes),
                         build_cache_dir=str(Path(args.out) / "build_cache"))

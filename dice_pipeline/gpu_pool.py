@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -141,3 +142,89 @@ def compile_workers(cpu_cores: int | None = None, memory_mb: int | None = None, 
     by_cores = cores - reserved_cores if cores - reserved_cores >= 1 else cores
     by_memory = by_cores if memory is None else memory // max(1, build_memory_mb)
     return max(1, min(by_cores, by_memory))
+
+
+class SharedGpu:
+    """One GPU shared by several judging lanes of this process: untimed GPU work runs side by side (shared mode),
+    a timed section runs alone (exclusive mode). Writers first: once a lane asks for exclusive use, no new shared
+    holder gets in until it has had its turn, so a timed section waits only for the untimed work already running
+    (never for an unending stream of it), and exclusive requests are served in the order they came.
+
+    Across processes the group behaves as one holder of the device's lock file (`device_lock`): the first lane
+    to hold anything takes it, the last to let go releases it, so another run on this host never times on the
+    GPU while our lanes use it. `lock_dir` None = no lock file."""
+
+    SHARED, EXCLUSIVE = "shared", "exclusive"
+
+    def __init__(self, device: int, lock_dir: str | os.PathLike | None = None, poll_s: float = 0.05):
+        self.device = device
+        self.lock_dir = lock_dir
+        self.poll_s = poll_s
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writer = False
+        self._queue: list[object] = []  # exclusive requests waiting, oldest first
+        self._fd: int | None = None
+        self.exclusive_grants = 0
+
+    def _take_device(self) -> None:
+        # Called with the condition held and nothing held by this group: waits for other processes' holders.
+        if self.lock_dir is None or self._fd is not None:
+            return
+        while (fd := _try_lock(self.lock_dir, self.device)) is None:
+            time.sleep(self.poll_s)
+        self._fd = fd
+
+    def _drop_device_if_idle(self) -> None:
+        if self._fd is not None and self._readers == 0 and not self._writer:
+            os.close(self._fd)
+            self._fd = None
+
+    def acquire(self, mode: str) -> float:
+        """Wait for `mode` (SHARED or EXCLUSIVE); returns the seconds waited."""
+        started = time.monotonic()
+        with self._cond:
+            if mode == self.SHARED:
+                self._cond.wait_for(lambda: not self._writer and not self._queue)
+                self._take_device()
+                self._readers += 1
+            elif mode == self.EXCLUSIVE:
+                ticket = object()
+                self._queue.append(ticket)
+                try:
+                    self._cond.wait_for(lambda: self._queue[0] is ticket and not self._writer and self._readers == 0)
+                finally:
+                    self._queue.remove(ticket)
+                self._take_device()
+                self._writer = True
+                self.exclusive_grants += 1
+            else:
+                raise ValueError(f"mode must be {self.SHARED!r} or {self.EXCLUSIVE!r}, got {mode!r}")
+        return time.monotonic() - started
+
+    def release(self, mode: str) -> None:
+        with self._cond:
+            if mode == self.SHARED:
+                if self._readers <= 0:
+                    raise RuntimeError("release of a shared hold nobody has")
+                self._readers -= 1
+            elif mode == self.EXCLUSIVE:
+                if not self._writer:
+                    raise RuntimeError("release of an exclusive hold nobody has")
+                self._writer = False
+            else:
+                raise ValueError(f"mode must be {self.SHARED!r} or {self.EXCLUSIVE!r}, got {mode!r}")
+            self._drop_device_if_idle()
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def hold(self, mode: str) -> Iterator[float]:
+        waited = self.acquire(mode)
+        try:
+            yield waited
+        finally:
+            self.release(mode)
+
+    def state(self) -> dict[str, int | bool]:
+        with self._cond:
+            return {"shared": self._readers, "exclusive": self._writer, "waiting_exclusive": len(self._queue)}

@@ -53,16 +53,25 @@ def measure_baselines(tasks: Sequence[KernelBenchTask], config, baselines: Seque
     return [by_id[task_id] for task_id, _ in jobs]
 
 
+def timed_alone(row: dict[str, Any]) -> bool:
+    """Whether a sweep row's timings ran with the GPU to itself."""
+    if row.get("lanes_per_gpu") == 1:
+        return True
+    share = (row.get("provenance") or {}).get("gpu_share") or {}
+    return bool(share.get("timed_alone"))
+
+
 def baselines_from_sweep(rows: Sequence[dict[str, Any]], task_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Baseline rows (keyed by task id, in the evaluation's state format) from a full-size sweep's rows
-    (`benchmarks/kernelbench_sweep.py --lanes 1`): the same `measure_references` measurement. Only rows of the given
-    tasks, measured with one task on the GPU at a time (a multi-lane sweep's timings disturb each other) and
-    finished (measured, or a reference that failed on its own) are taken; compile numbers only where the sweep timed
-    torch.compile too. The last row of a task wins."""
+    (`benchmarks/kernelbench_sweep.py`): the same `measure_references` measurement. Only rows of the given tasks
+    whose timing had the GPU to itself (one lane, or several lanes whose timed sections ran alone, stated in
+    provenance["gpu_share"]; older multi-lane sweeps timed side by side and are skipped) and finished (measured, or
+    a reference that failed on its own) are taken; compile numbers only where the sweep timed torch.compile too.
+    The last row of a task wins."""
     wanted = set(task_ids)
     out: dict[str, dict[str, Any]] = {}
     for row in rows:
-        if row.get("task_id") not in wanted or row.get("lanes_per_gpu") != 1:
+        if row.get("task_id") not in wanted or not timed_alone(row):
             continue
         if row.get("status") not in ("measured", "runtime_error", "timeout"):
             continue

@@ -5,6 +5,8 @@ over the configured devices and overlapping the builds still in flight. Standard
 
 from __future__ import annotations
 
+import contextlib
+
 import datetime as dt
 import json
 import os
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import dice_pipeline
-from dice_pipeline.gpu_pool import device_lock
+from dice_pipeline.gpu_pool import SharedGpu, device_lock
 from dice_pipeline.verify.config import VerifyConfig, VerifyJob
 from dice_pipeline.verify.sandbox import SandboxResult, run_isolated, scrubbed_environment
 from dice_pipeline.verify.static_checks import StaticReport, check_candidate_source
@@ -109,6 +111,19 @@ class _BatchRun:
         # Builds stay off the cores the GPU workers run on (see VerifyConfig.gpu_worker_cpus).
         self.gpu_worker_cpus, self.build_cpus = (split_cpus(config.gpu_worker_cpus * len(self.gpus))
                                                  if self.execute else (None, None))
+        # Several judging lanes a GPU share it through the parent (timed sections alone); one lane holds the
+        # device's lock file around each judgement instead.
+        self.shared_gpus = ({g.index: SharedGpu(g.index, config.device_lock_dir) for g in self.gpus}
+                            if config.gpu_lanes > 1 else {})
+
+    def gpu_turn(self, device: int) -> contextlib.AbstractContextManager[None]:
+        """What a GPU loop holds around one judgement: the device's lock with one lane; nothing with several
+        (the shared GPU takes the lock while any lane holds it)."""
+        return contextlib.nullcontext() if self.shared_gpus else device_lock(self.config.device_lock_dir, device)
+
+    def lane_memory_fraction(self) -> float | None:
+        base = self.config.gpu_memory_fraction
+        return (base or 0.9) / self.config.gpu_lanes if self.shared_gpus else base
 
     def provenance(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         gpu = self.gpus[0] if self.gpus else None
@@ -120,7 +135,7 @@ class _BatchRun:
 
     def _run_worker(self, job: VerifyJob, stage: str, static: StaticReport | None, device: int | None,
                     gate: threading.Event | None = None, *, control: bool = False,
-                    low_memory: bool = False) -> tuple[SandboxResult, dict[str, Any] | None]:
+                    low_memory: bool = False, gpu_exclusive: bool = False) -> tuple[SandboxResult, dict[str, Any] | None]:
         scratch = Path(tempfile.mkdtemp(prefix=f"dice_verify_{stage}_"))
         try:
             result_path = scratch / "result.json"
@@ -131,6 +146,9 @@ class _BatchRun:
                        "static_kernel_names": static.kernel_names if static else [],
                        "gate_path": str(gate_path) if gate_path else None,
                        "control": control, "low_memory": low_memory,
+                       "gpu_lanes": self.config.gpu_lanes, "gpu_exclusive": gpu_exclusive,
+                       "memory_fraction": self.config.gpu_memory_fraction if gpu_exclusive
+                       else self.lane_memory_fraction(),
                        "run_cpus": sorted(self.gpu_worker_cpus) if stage == "run" and self.gpu_worker_cpus else None}
             (scratch / "request.json").write_text(json.dumps(request))
             env = scrubbed_environment({
@@ -145,7 +163,8 @@ class _BatchRun:
                                    cwd=scratch, env=env, timeout_s=timeout, memory_cap_mb=self.config.memory_cap_mb,
                                    isolate_network=self.config.isolate_network, gate=gate, gate_path=gate_path,
                                    cpus=self.build_cpus if stage in ("build", "pch") else None,
-                                   max_timeout_s=self.config.max_run_timeout_s if stage == "run" else None)
+                                   max_timeout_s=self.config.max_run_timeout_s if stage == "run" else None,
+                                   gpu_share=self.shared_gpus.get(device) if stage == "run" else None)
             payload = json.loads(result_path.read_text()) if result_path.exists() else None
             return outcome, payload
         finally:
@@ -216,8 +235,10 @@ class _BatchRun:
             # that attempt finds stands (a candidate that exhausts memory alone is still its runtime error).
             first_attempt = {"status": payload.get("status"), "reasons": payload.get("reasons"),
                              "peak_gpu_memory_mb": payload.get("peak_gpu_memory_mb")}
+            # With several lanes, the second attempt also has the GPU and its memory to itself: memory the other
+            # lanes held is not the candidate's fault either.
             outcome, payload = self._run_worker(job, "run", static, device=device, control=control,
-                                                low_memory=True)
+                                                low_memory=True, gpu_exclusive=bool(self.shared_gpus))
         if payload is None:
             return self._failure_verdict("run", outcome, static)
         payload.pop("retry_low_memory", None)
@@ -225,6 +246,8 @@ class _BatchRun:
             payload.setdefault("provenance", {})["first_attempt_out_of_memory"] = first_attempt
         provenance = self.provenance({**facts, **payload.pop("provenance", {}),
                                       "device_index": device, "run_seconds": round(outcome.wall_seconds, 2),
+                                      **({"gpu_wait_s": round(outcome.gpu_wait_s, 3)}
+                                         if outcome.gpu_wait_s is not None else {}),
                                       "extension_load_seconds": payload.get("compile_seconds"),
                                       "worker_cpus": payload.get("worker_cpus"),
                                       "network_isolated": payload.get("network_isolated")})
@@ -340,7 +363,7 @@ def verify_batch(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,
         if not config.prestart_gpu_workers:
             while (item := ready.get()) is not None:
                 index, static, facts = item
-                with device_lock(config.device_lock_dir, device):
+                with run.gpu_turn(device):
                     verdict = run.judge(jobs[index], static, facts, device)
                 finish_measured(index, verdict)
             return
@@ -354,11 +377,12 @@ def verify_batch(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,
 
         threading.Thread(target=prestart, daemon=True).start()
         while (judge := started.get()) is not None:
-            with device_lock(config.device_lock_dir, device):  # the prestarted worker touches no GPU before go
+            with run.gpu_turn(device):  # the prestarted worker touches no GPU before go
                 verdict = judge.go_and_wait()
             finish_measured(judge.index, verdict)
 
-    gpu_threads = [threading.Thread(target=gpu_loop, args=(g.index,), daemon=True) for g in run.gpus] if run.execute else []
+    gpu_threads = [threading.Thread(target=gpu_loop, args=(g.index,), daemon=True)
+                   for g in run.gpus for _ in range(config.gpu_lanes)] if run.execute else []
     for thread in gpu_threads:
         thread.start()
     with ThreadPoolExecutor(max_workers=config.max_parallel_builds) as pool:
@@ -426,13 +450,14 @@ def measure_references(tasks: list[tuple[str, str]], config: VerifyConfig | None
     timing conventions, `compile_ms_gpu` (or `_host`) the torch.compile'd reference's median in the config's convention when
     "compile" is among `baselines`, `peak_gpu_mb` the worker's peak allocated GPU memory, `input_draw` how inputs
     were drawn, and `provenance` the GPU, torch and timing method. Each worker is started while the previous one
-    runs. `lanes_per_gpu` > 1 runs that many tasks on a GPU at once (for robustness sweeps: their timings then
-    disturb each other, so baselines keep the default of 1; give each a share of gpu_memory_fraction)."""
+    runs. `lanes_per_gpu` > 1 runs that many tasks on a GPU at once (VerifyConfig.gpu_lanes): their untimed work
+    overlaps, every timed section still has the GPU to itself (rows say so in provenance["gpu_share"])."""
     unknown = set(baselines) - {"eager", "compile", "cuda_graph"}
     if unknown:
         raise ValueError(f"baselines must be among eager, compile, cuda_graph; got {sorted(unknown)}")
     extra = tuple(name for name in baselines if name != "eager")
-    config = replace(config or VerifyConfig(), extra_baselines=extra, verdict_store_dir=None)
+    config = replace(config or VerifyConfig(), extra_baselines=extra, verdict_store_dir=None,
+                     gpu_lanes=max(1, lanes_per_gpu))
     run = _BatchRun(config, None)
     rows: list[dict[str, Any] | None] = [None] * len(tasks)
     lock = threading.Lock()
@@ -470,9 +495,7 @@ def measure_references(tasks: list[tuple[str, str]], config: VerifyConfig | None
         while waiting is not None:
             current, following = waiting, take()
             waiting = start(following, device) if following is not None else None  # starts while current runs
-            # One lane a GPU holds the GPU's lock like verify_batch; several lanes share the GPU on purpose.
-            lock_dir = config.device_lock_dir if lanes_per_gpu <= 1 else None
-            with device_lock(lock_dir, device):
+            with run.gpu_turn(device):
                 verdict = current.go_and_wait()
             status = {Status.CORRECT: "measured"}.get(verdict.status, verdict.status.value)
             message = "; ".join(f"{r.code}: {r.message}" for r in verdict.reasons)[:2000]

@@ -137,6 +137,13 @@ class VerifyConfig:
     # Per-host GPU lock directory (dice_pipeline/gpu_pool.py): each run-stage worker holds its device's lock while
     # it runs, so concurrent batches (two Dagster runs, a benchmark) never time on one GPU at once. None = no locks.
     device_lock_dir: str | None = None
+    # Judging lanes per GPU: that many run-stage workers on one GPU at once. Their untimed GPU work (CUDA start-up,
+    # input draws, correctness trials, the profiler pass, torch.compile's warm-up) runs side by side; every timed
+    # section runs with the GPU to itself (gpu_pool.SharedGpu, gpu_share.py), and the seconds a worker waits for
+    # the GPU are added to its time limit. Each lane gets gpu_memory_fraction (0.9 when unset) / gpu_lanes of the
+    # GPU's memory; a run that runs out of memory in a lane is judged again with the GPU to itself. 1 = one
+    # candidate on the GPU at a time.
+    gpu_lanes: int = 1
 
     def __post_init__(self) -> None:
         if self.tolerance_policy not in TOLERANCE_POLICIES:
@@ -158,6 +165,8 @@ class VerifyConfig:
         if self.baseline_kernel_policy not in BASELINE_KERNEL_POLICIES:
             raise ValueError(f"baseline_kernel_policy must be one of {BASELINE_KERNEL_POLICIES}, "
                              f"got {self.baseline_kernel_policy!r}")
+        if self.gpu_lanes < 1:
+            raise ValueError("gpu_lanes must be >= 1")
         if self.timing_min_samples < 1:
             raise ValueError("timing_min_samples must be >= 1")
         self.timing_min_samples = min(self.timing_min_samples, self.timing_samples)

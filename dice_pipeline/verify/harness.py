@@ -30,6 +30,7 @@ Runtime policy (reason codes; NOTES.md section 3):
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import statistics
@@ -38,11 +39,13 @@ import threading
 import time
 from dataclasses import dataclass, field
 from types import ModuleType
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import torch
 
 from dice_pipeline.verify.config import TOLERANCE_LOOSE, TOLERANCE_STRICT, VerifyConfig
+from dice_pipeline.verify.gpu_share import GpuShareClient
 from dice_pipeline.verify.verdict import (
     Reason,
     Status,
@@ -406,7 +409,8 @@ class CandidateJudge:
     profiler pass (it has no custom kernels)."""
 
     def __init__(self, reference: ModuleType, candidate: ModuleType | None, config: VerifyConfig, guard: RuntimeGuard,
-                 custom_kernel_names: list[str], *, control: bool = False, device: torch.device | None = None):
+                 custom_kernel_names: list[str], *, control: bool = False, device: torch.device | None = None,
+                 gpu_share: GpuShareClient | None = None):
         self.reference = reference
         self.candidate = candidate
         self.config = config
@@ -425,6 +429,18 @@ class CandidateJudge:
         self._synchronize = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         self._event = torch.cuda.Event
         self._perf_counter = time.perf_counter
+        # Other judging lanes on this GPU (VerifyConfig.gpu_lanes): timed sections ask for it alone.
+        self.gpu_share = gpu_share or GpuShareClient(None)
+        self.phase_seconds: dict[str, float] = {}
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Wall seconds of one stage of the judgement, kept in provenance["phase_seconds"] (where the time goes)."""
+        started = self._perf_counter()
+        try:
+            yield
+        finally:
+            self.phase_seconds[name] = round(self.phase_seconds.get(name, 0.0) + self._perf_counter() - started, 4)
 
     # -- inputs ---------------------------------------------------------------------------------------------------
     def _inputs(self, seed: int) -> list[Any]:
@@ -959,6 +975,23 @@ class CandidateJudge:
         return call
 
     def run_extra_baselines(self) -> None:
+        """Build and warm each of config.extra_baselines (untimed: torch.compile's compile runs here, beside other
+        lanes), then time them with the GPU alone."""
+        prepared = self.prepare_extra_baselines()
+        with self.gpu_share.exclusive():
+            self.time_extra_baselines(prepared)
+
+    def prepare_extra_baselines(self) -> dict[str, Any]:
+        inputs = self._inputs(self.config.seed + 3000)
+        prepared: dict[str, Any] = {"inputs": inputs, "calls": {}}
+        for name in self.config.extra_baselines:
+            try:
+                prepared["calls"][name] = self._baseline_callable(name, inputs)
+            except Exception as exc:  # noqa: BLE001 - e.g. a reference torch.compile or graph capture cannot handle
+                prepared["calls"][name] = exc
+        return prepared
+
+    def time_extra_baselines(self, prepared: dict[str, Any]) -> None:
         """Time the reference as each of config.extra_baselines (CUDA graph, torch.compile) on one fresh input set,
         L2 flushed, in the configured convention, the eager timing's sample count (bounded by the timing budget);
         speedup = that median / the candidate's eager-run median (a ratio of medians, not paired). Runs after
@@ -968,13 +1001,13 @@ class CandidateJudge:
         candidate_ms = j.fields["candidate_timing"].median_ms
         flush = torch.empty(cfg.l2_flush_mb * 2**20 // 4, dtype=torch.int32, device=self.device)
         start, end = self._event(enable_timing=True), self._event(enable_timing=True)
-        inputs = self._inputs(cfg.seed + 3000)
         timed_pairs = j.fields.get("provenance", {}).get("timing_pairs", cfg.timing_samples)
         samples = max(cfg.timing_min_samples, min(cfg.timing_samples, timed_pairs))
         results: dict[str, Any] = {}
-        for name in cfg.extra_baselines:
+        for name, call in prepared["calls"].items():
             try:
-                call = self._baseline_callable(name, inputs)
+                if isinstance(call, Exception):
+                    raise call
                 if cfg.speedup_convention == "gpu":
                     times = [self._timed_gpu(call, flush, start, end)[1] for _ in range(samples)]
                 else:
@@ -992,17 +1025,23 @@ class CandidateJudge:
             try:
                 stage = "correctness"
                 if not self.prepared:
-                    self.prepare_reference()
-                self._build_candidate()
-                self.run_correctness()
+                    with self.phase("prepare_reference"):
+                        self.prepare_reference()
+                with self.phase("build_model"):
+                    self._build_candidate()
+                with self.phase("correctness"):
+                    self.run_correctness()
                 if not self.control:
                     stage = "anti_gaming"
-                    self.run_profiler_check()
+                    with self.phase("profiler"):
+                        self.run_profiler_check()
                 if with_timing:
                     stage = "timing"
-                    self.run_timing()
+                    with self.phase("timing"), self.gpu_share.exclusive():
+                        self.run_timing()
                     if self.config.extra_baselines:
-                        self.run_extra_baselines()
+                        with self.phase("extra_baselines"):
+                            self.run_extra_baselines()
             except Rejection:
                 raise
             except CandidateFailed as failed:  # candidate code raised while timed: its runtime error
@@ -1024,6 +1063,7 @@ class CandidateJudge:
             if getattr(rejection, "retry_low_memory", False):
                 self.judgement.fields["retry_low_memory"] = True
         finally:
+            self.judgement.fields.setdefault("provenance", {})["phase_seconds"] = dict(self.phase_seconds)
             try:
                 if self.device.type == "cuda":
                     self.judgement.fields["peak_gpu_memory_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20

@@ -19,6 +19,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dice_pipeline.gpu_pool import SharedGpu
+from dice_pipeline.verify.gpu_share import GpuShareServer
+
 # Only these variables reach a worker; everything else (tokens, keys, cloud credentials) stays behind.
 ENV_ALLOWLIST = (
     "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TERM", "CUDA_HOME", "CUDA_PATH", "CUDA_ROOT", "LD_LIBRARY_PATH",
@@ -40,6 +43,7 @@ class SandboxResult:
     output_tail: str
     network_isolated: bool
     limit_s: float | None = None  # the time limit in force at the end (the initial one, or the one the task asked)
+    gpu_wait_s: float | None = None  # seconds the worker waited for its shared GPU (added to its limit)
 
     @property
     def killed_by_signal(self) -> int | None:
@@ -97,7 +101,7 @@ def run_isolated(argv: list[str], *, cwd: str | Path, env: dict[str, str], timeo
                  memory_cap_mb: int | None = None, isolate_network: bool = True,
                  log_name: str = "worker.log", gate: threading.Event | None = None,
                  gate_path: str | Path | None = None, cpus: set[int] | None = None,
-                 max_timeout_s: float | None = None) -> SandboxResult:
+                 max_timeout_s: float | None = None, gpu_share: SharedGpu | None = None) -> SandboxResult:
     """Run `argv` in its own session and wait; stdout and stderr go to `cwd/log_name`, whose tail is returned.
 
     With a `gate`, the process starts at once but is told to go only when the gate is set (by creating
@@ -107,7 +111,11 @@ def run_isolated(argv: list[str], *, cwd: str | Path, env: dict[str, str], timeo
 
     With `max_timeout_s`, the process may ask once for a longer limit (up to that cap) by writing
     `{"limit_s": X}` to the pipe whose descriptor it finds in DICE_RUN_LIMIT_FD and closing it: the worker does so
-    after measuring its task, before any untrusted code runs, so the limit fits the task's size."""
+    after measuring its task, before any untrusted code runs, so the limit fits the task's size.
+
+    With `gpu_share`, the worker shares that GPU with other lanes through the pipes of gpu_share.py: the seconds it
+    waits for the GPU are added to its limit (at most `max_timeout_s` or the limit again), and whatever it held is
+    released when it ends."""
     if (gate is None) != (gate_path is None):
         raise ValueError("gate and gate_path go together")
     prefix = network_isolation_prefix() if isolate_network else ()
@@ -120,14 +128,26 @@ def run_isolated(argv: list[str], *, cwd: str | Path, env: dict[str, str], timeo
     if max_timeout_s is not None:
         read_fd, write_fd = os.pipe()
         env = {**env, "DICE_RUN_LIMIT_FD": str(write_fd)}
+    share = GpuShareServer(gpu_share) if gpu_share is not None else None
+    pass_fds = (write_fd,) if write_fd is not None else ()
+    if share is not None:
+        env = {**env, **share.env()}
+        pass_fds += share.child_fds()
     with open(log_path, "wb") as log:
         try:
             proc = subprocess.Popen([*prefix, *argv], cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                    pass_fds=(write_fd,) if write_fd is not None else ())
+                                    stderr=subprocess.STDOUT, start_new_session=True, pass_fds=pass_fds)
+        except BaseException:
+            if share is not None:
+                share.start()  # closes the worker's ends
+                share.close()
+            raise
         finally:
             if write_fd is not None:
                 os.close(write_fd)  # the child holds the only write end now: EOF when it closes (or dies)
+        if share is not None:
+            share.start()
+        extension_cap = max_timeout_s if max_timeout_s is not None else timeout_s
         if read_fd is not None:
             def read_limit() -> None:
                 chunks = []
@@ -168,7 +188,8 @@ def run_isolated(argv: list[str], *, cwd: str | Path, env: dict[str, str], timeo
             start = time.monotonic()
         try:
             while proc.poll() is None:
-                remaining = limit["s"] - (time.monotonic() - start)
+                waited = min(share.seconds_waited(), extension_cap) if share is not None else 0.0
+                remaining = limit["s"] + waited - (time.monotonic() - start)
                 if remaining <= 0:
                     timed_out = True
                     break
@@ -182,9 +203,12 @@ def run_isolated(argv: list[str], *, cwd: str | Path, env: dict[str, str], timeo
             proc.wait()
             stop.set()
             watcher.join()
+            if share is not None:
+                share.close()
     output = log_path.read_bytes()[-OUTPUT_TAIL_CHARS:].decode("utf-8", "replace")
     return SandboxResult(
         returncode=proc.returncode, timed_out=timed_out, memory_exceeded=memory_exceeded,
         wall_seconds=time.monotonic() - start, peak_rss_mb=peak_rss, output_tail=output,
         network_isolated=bool(prefix), limit_s=limit["s"],
+        gpu_wait_s=share.waited_s if share is not None else None,
     )

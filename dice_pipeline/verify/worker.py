@@ -17,8 +17,10 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from dice_pipeline.gpu_pool import SharedGpu
 from dice_pipeline.verify.build_cache import BuildInterceptor, ExtensionCompileError
 from dice_pipeline.verify.config import VerifyConfig
+from dice_pipeline.verify.gpu_share import GpuShareClient
 from dice_pipeline.verify.static_checks import cuda_kernel_names
 
 
@@ -127,13 +129,22 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
     if request.get("low_memory"):
         config.low_memory = True
     control = bool(request.get("control"))
+    # Other judging lanes on this GPU: every GPU use below is shared with them, the timed sections are not.
+    share = GpuShareClient.from_env(before_release=torch.cuda.synchronize)
+    phases: dict[str, float] = {}
+    started = time.perf_counter()
+    share.start(SharedGpu.EXCLUSIVE if request.get("gpu_exclusive") else SharedGpu.SHARED)
+    phases["gpu_wait_at_start"] = round(time.perf_counter() - started, 4)
     if not torch.cuda.is_available():
         return {"status": "runtime_error", "reason": {"code": "no_gpu_in_worker", "stage": "correctness",
                                                       "message": "the run stage found no CUDA device"}}
-    if config.gpu_memory_fraction:
-        torch.cuda.set_per_process_memory_fraction(config.gpu_memory_fraction)
+    fraction = request.get("memory_fraction", config.gpu_memory_fraction)
+    if fraction:
+        torch.cuda.set_per_process_memory_fraction(fraction)
+    started = time.perf_counter()
     torch.cuda.init()
     _warm_up_lazy_torch_state()
+    phases["cuda_start"] = round(time.perf_counter() - started, 4)
     guard = RuntimeGuard()  # before any task code is imported
     try:
         reference = _import_source("reference_module", request["reference_src"], scratch)
@@ -141,10 +152,12 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
         return {"status": "runtime_error", "reason": {"code": "reference_import_failed", "stage": "correctness",
                                                       "message": "".join(traceback.format_exception(exc))[-3000:]}}
     judge = CandidateJudge(reference, None, config, guard, list(request.get("static_kernel_names", [])),
-                           control=control)
+                           control=control, gpu_share=share)
+    judge.phase_seconds.update(phases)
     limit = None
     try:
-        draw_s, call_s = judge.prepare_reference()  # trusted code only: no candidate module exists yet
+        with judge.phase("prepare_reference"):
+            draw_s, call_s = judge.prepare_reference()  # trusted code only: no candidate module exists yet
         limit = _send_run_limit(config, draw_s, call_s)
         judge.judgement.fields.setdefault("provenance", {}).update(
             run_limit_s=limit, input_draw_s=round(draw_s, 4), reference_call_s=round(call_s, 6))
@@ -157,7 +170,8 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
     if judge.prepared:
         if not control:
             try:
-                judge.candidate = _import_source("candidate_module", request["candidate_src"], scratch)
+                with judge.phase("candidate_import"):
+                    judge.candidate = _import_source("candidate_module", request["candidate_src"], scratch)
             except BaseException as exc:  # noqa: BLE001
                 return _compile_failure(interceptor, exc)
             names = [name for record in interceptor.records
@@ -176,7 +190,13 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
         if result.get(key) is not None:
             result[key] = result[key].__dict__
     props = torch.cuda.get_device_properties(0)
-    result.setdefault("provenance", {}).update(
+    provenance = result.setdefault("provenance", {})
+    provenance["phase_seconds"] = {**provenance.get("phase_seconds", {}), **judge.phase_seconds}
+    if share.active:
+        provenance["gpu_share"] = {**share.summary(), "lanes": request.get("gpu_lanes"),
+                                   "whole_run_exclusive": bool(request.get("gpu_exclusive")),
+                                   "memory_fraction": fraction, "timed_alone": True}
+    provenance.update(
         gpu=props.name, compute_capability=f"{props.major}.{props.minor}", torch=torch.__version__,
         cuda=torch.version.cuda, low_memory=config.low_memory,
         timing_method=(f"CUDA events on the current stream, L2 flushed ({config.l2_flush_mb} MB) before each call, "

@@ -8,6 +8,8 @@ import random
 import pytest
 import torch
 
+from dice_pipeline.verify.gpu_share import GpuShareClient
+
 from dice_pipeline.verify.harness import CandidateJudge, Rejection, compare_outputs, median_interval, timing_stats
 from dice_pipeline.verify.verdict import Status
 
@@ -180,8 +182,12 @@ def _judge_without_gpu(model, baselines, timed_ms: float) -> CandidateJudge:
     judge._event = lambda enable_timing: None
     judge._inputs = lambda seed: [torch.randn(8, 8)]
     judge.outputs = []
+    judge.gpu_share = GpuShareClient(None)  # one lane: the modes are still tracked
+    judge.gpu_share.start()
+    judge.timed_modes = []
 
     def timed(fn, flush, start, end):
+        judge.timed_modes.append(judge.gpu_share.mode)
         judge.outputs.append(fn())
         return None, timed_ms
 
@@ -201,6 +207,8 @@ def test_extra_baselines_record_a_speedup_or_the_error_and_nothing_else():
     # The compiled reference really ran and computed the reference's result.
     assert all(torch.equal(out, torch.relu(out)) for out in judge.outputs)
     assert judge.judgement.status == Status.CORRECT and not judge.judgement.reasons
+    # Timed with the GPU to itself (other lanes wait), compiled and warmed while sharing it.
+    assert judge.timed_modes == ["exclusive"] * 5 and judge.gpu_share.mode == "shared"
 
 
 def test_generated_kernel_names_are_the_compilers_not_aten_cublas_or_the_candidates():

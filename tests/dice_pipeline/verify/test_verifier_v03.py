@@ -164,6 +164,10 @@ class ModelNew(torch.nn.Module):
 def test_the_honest_cpu_candidate_is_correct():
     judgement = _judge(HONEST).run(with_timing=False)
     assert judgement.status == Status.CORRECT, judgement.reasons
+    # where the time went, stage by stage
+    phases = judgement.fields["provenance"]["phase_seconds"]
+    assert {"prepare_reference", "build_model", "correctness"} <= set(phases) and "timing" not in phases
+    assert all(seconds >= 0 for seconds in phases.values())
 
 
 def test_a_candidates_own_out_of_memory_is_its_runtime_error_retried_once_with_less_state():
@@ -300,10 +304,11 @@ def _fake_run(monkeypatch, payloads: list[dict]) -> tuple[api._BatchRun, list[di
     run = api._BatchRun(VerifyConfig(verdict_store_dir=None), None)
     calls: list[dict] = []
 
-    def fake_worker(job, stage, static, device, gate=None, *, control=False, low_memory=False):
+    def fake_worker(job, stage, static, device, gate=None, *, control=False, low_memory=False,
+                    gpu_exclusive=False):
         calls.append({"stage": stage, "low_memory": low_memory, "control": control})
         outcome = types.SimpleNamespace(wall_seconds=1.0, network_isolated=True, peak_rss_mb=1.0, timed_out=False,
-                                        memory_exceeded=False, limit_s=300.0)
+                                        memory_exceeded=False, limit_s=300.0, gpu_wait_s=None)
         return outcome, dict(payloads[len(calls) - 1])
 
     monkeypatch.setattr(run, "_run_worker", fake_worker)
@@ -349,10 +354,11 @@ def test_measure_references_reads_both_conventions_from_the_control_verdict(monk
     monkeypatch.setattr(api, "gpu_inventory", lambda: [api.GpuInfo(0, "Fake GPU", "1", "9.0")])
     seen = []
 
-    def fake_worker(self, job, stage, static, device, gate=None, *, control=False, low_memory=False):
+    def fake_worker(self, job, stage, static, device, gate=None, *, control=False, low_memory=False,
+                    gpu_exclusive=False):
         seen.append(control)
         outcome = types.SimpleNamespace(wall_seconds=1.0, network_isolated=True, peak_rss_mb=1.0, timed_out=False,
-                                        memory_exceeded=False, limit_s=300.0)
+                                        memory_exceeded=False, limit_s=300.0, gpu_wait_s=None)
         return outcome, dict(run_payload)
 
     monkeypatch.setattr(api._BatchRun, "_run_worker", fake_worker)

@@ -295,3 +295,59 @@ def test_cli_rejects_an_unknown_baseline(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         dice_main(["verify", "ref.py", "cand.py", "--baseline", "tensorrt"])
     assert exit_info.value.code == 2 and "tensorrt" in capsys.readouterr().err
+
+
+def test_several_lanes_judge_every_job_through_the_shared_gpu(config, monkeypatch):
+    from dataclasses import replace
+
+    from dice_pipeline.verify import api
+
+    monkeypatch.setattr(api, "gpu_inventory", lambda: [api.GpuInfo(0, "Test GPU", "0", "9.0")])
+    monkeypatch.setattr(api._BatchRun, "build", lambda self, job, static: (None, {"compile_seconds": 0.0}))
+    runs: list[api._BatchRun] = []
+    original_init = api._BatchRun.__init__
+
+    def remember(self, *args, **kwargs):
+        original_init(self, *args, **kwargs)
+        runs.append(self)
+
+    monkeypatch.setattr(api._BatchRun, "__init__", remember)
+    jobs = [VerifyJob(f"j{i}", REFERENCE, HONEST.replace("2.0f", f"{i + 2}.0f")) for i in range(4)]
+    verdicts = verify_batch(jobs, replace(config, gpu_lanes=3, gpu_memory_fraction=0.6))
+    assert [v.reason_codes() for v in verdicts] == [["no_gpu_in_worker"]] * 4
+    # each worker asked the parent for the GPU (its wait is recorded), and nothing is held after the batch
+    assert all("gpu_wait_s" in v.provenance for v in verdicts)
+    (run,) = runs
+    assert run.shared_gpus[0].state() == {"shared": 0, "exclusive": False, "waiting_exclusive": 0}
+    assert run.lane_memory_fraction() == pytest.approx(0.2)
+
+
+def test_a_lane_that_ran_out_of_memory_is_judged_again_with_the_gpu_to_itself(config, monkeypatch):
+    from dataclasses import replace
+
+    from dice_pipeline.verify import api
+    from dice_pipeline.verify.sandbox import SandboxResult
+    from dice_pipeline.verify.static_checks import check_candidate_source
+
+    monkeypatch.setattr(api, "gpu_inventory", lambda: [api.GpuInfo(0, "Test GPU", "0", "9.0")])
+    calls: list[dict] = []
+    outcome = SandboxResult(0, False, False, 1.0, 10.0, "", True)
+
+    def fake_worker(self, job, stage, static, device, gate=None, **kwargs):
+        calls.append(kwargs)
+        if len(calls) == 1:
+            return outcome, {"status": "runtime_error", "retry_low_memory": True,
+                             "reasons": [{"code": "candidate_out_of_memory", "message": "oom", "stage": "correctness"}]}
+        return outcome, {"status": "correct", "reasons": [], "speedup": 1.5}
+
+    monkeypatch.setattr(api._BatchRun, "_run_worker", fake_worker)
+    static = check_candidate_source(REFERENCE, HONEST)
+    lanes = api._BatchRun(replace(config, gpu_lanes=2), None)
+    verdict = lanes.judge(VerifyJob("j", REFERENCE, HONEST), static, {}, device=0)
+    assert verdict.status == Status.CORRECT
+    assert calls[1] == {"control": False, "low_memory": True, "gpu_exclusive": True}
+    assert verdict.provenance["first_attempt_out_of_memory"]["status"] == "runtime_error"
+    calls.clear()
+    one_lane = api._BatchRun(replace(config, gpu_lanes=1), None)
+    one_lane.judge(VerifyJob("j", REFERENCE, HONEST), static, {}, device=0)
+    assert calls[1]["gpu_exclusive"] is False  # one lane has the GPU to itself already

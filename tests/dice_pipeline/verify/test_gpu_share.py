@@ -1,0 +1,207 @@
+"""Judging lanes on one GPU (VerifyConfig.gpu_lanes): the parent's shared/exclusive hold and the worker's pipe to it.
+No GPU needed: the workers are plain processes that record when they held what."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from dice_pipeline.gpu_pool import SharedGpu, _try_lock
+from dice_pipeline.verify.config import VerifyConfig
+from dice_pipeline.verify.sandbox import run_isolated, scrubbed_environment
+
+REPO_ROOT = str(Path(__file__).resolve().parents[3])
+
+# A stand-in for a run-stage worker: shared use of the GPU, a timed section alone, shared again; it records when.
+LANE_WORKER = """
+import json, sys, time
+from dice_pipeline.verify.gpu_share import GpuShareClient
+client = GpuShareClient.from_env()
+spans = []
+client.start()
+t = time.monotonic(); time.sleep({untimed}); spans.append(["shared", t, time.monotonic()])
+with client.exclusive():
+    t = time.monotonic(); time.sleep({timed}); spans.append(["exclusive", t, time.monotonic()])
+t = time.monotonic(); time.sleep({untimed}); spans.append(["shared", t, time.monotonic()])
+open(sys.argv[1], "w").write(json.dumps({{"spans": spans, "summary": client.summary()}}))
+"""
+
+
+def _run_lane(tmp_path: Path, name: str, gpu: SharedGpu, code: str, timeout_s: float = 30.0):
+    work = tmp_path / name
+    work.mkdir()
+    out = work / "spans.json"
+    result = run_isolated([sys.executable, "-c", code, str(out)], cwd=work,
+                          env=scrubbed_environment({"PYTHONPATH": REPO_ROOT}), timeout_s=timeout_s,
+                          isolate_network=False, gpu_share=gpu)
+    return result, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def _overlap(a: list, b: list) -> bool:
+    return a[1] < b[2] and b[1] < a[2]
+
+
+def test_shared_holds_overlap_and_an_exclusive_one_waits_for_them(tmp_path):
+    gpu = SharedGpu(0, lock_dir=tmp_path / "locks")
+    gpu.acquire(SharedGpu.SHARED)
+    gpu.acquire(SharedGpu.SHARED)  # two lanes' untimed work side by side
+    assert gpu.state() == {"shared": 2, "exclusive": False, "waiting_exclusive": 0}
+    assert _try_lock(tmp_path / "locks", 0) is None  # another process cannot take the GPU meanwhile
+    granted = threading.Event()
+    waiter = threading.Thread(target=lambda: (gpu.acquire(SharedGpu.EXCLUSIVE), granted.set()))
+    waiter.start()
+    time.sleep(0.2)
+    assert not granted.is_set()
+    gpu.release(SharedGpu.SHARED)
+    time.sleep(0.1)
+    assert not granted.is_set()  # one shared holder left
+    gpu.release(SharedGpu.SHARED)
+    waiter.join(timeout=5)
+    assert granted.is_set() and gpu.state()["exclusive"] is True
+    gpu.release(SharedGpu.EXCLUSIVE)
+    fd = _try_lock(tmp_path / "locks", 0)  # idle again: the device's lock file is free
+    assert fd is not None
+
+
+def test_a_waiting_exclusive_request_keeps_new_shared_holders_out(tmp_path):
+    """Writers first: a timed section never waits behind an endless stream of untimed work."""
+    gpu = SharedGpu(0, lock_dir=None)
+    gpu.acquire(SharedGpu.SHARED)
+    order: list[str] = []
+    writer = threading.Thread(target=lambda: (gpu.acquire(SharedGpu.EXCLUSIVE), order.append("exclusive"),
+                                              time.sleep(0.1), gpu.release(SharedGpu.EXCLUSIVE)))
+    writer.start()
+    time.sleep(0.1)
+    reader = threading.Thread(target=lambda: (gpu.acquire(SharedGpu.SHARED), order.append("shared"),
+                                              gpu.release(SharedGpu.SHARED)))
+    reader.start()
+    time.sleep(0.1)
+    assert order == []  # the new shared holder waits behind the exclusive request
+    gpu.release(SharedGpu.SHARED)
+    writer.join(timeout=5)
+    reader.join(timeout=5)
+    assert order == ["exclusive", "shared"]
+
+
+def test_exclusive_requests_are_served_in_order(tmp_path):
+    gpu = SharedGpu(0, lock_dir=None)
+    gpu.acquire(SharedGpu.EXCLUSIVE)
+    order: list[int] = []
+    threads = []
+    for k in range(4):
+        thread = threading.Thread(target=lambda k=k: (gpu.acquire(SharedGpu.EXCLUSIVE), order.append(k),
+                                                      gpu.release(SharedGpu.EXCLUSIVE)))
+        thread.start()
+        threads.append(thread)
+        time.sleep(0.05)
+    gpu.release(SharedGpu.EXCLUSIVE)
+    for thread in threads:
+        thread.join(timeout=5)
+    assert order == [0, 1, 2, 3]
+
+
+def test_release_of_what_is_not_held_is_an_error():
+    gpu = SharedGpu(0, lock_dir=None)
+    with pytest.raises(RuntimeError):
+        gpu.release(SharedGpu.SHARED)
+    with pytest.raises(ValueError):
+        gpu.acquire("both")
+
+
+def test_worker_processes_time_alone_and_share_the_rest(tmp_path):
+    """Three lane processes through the sandbox: no exclusive span overlaps any other process's span, shared spans
+    do overlap (the point of lanes), and every worker's summary says it shared."""
+    gpu = SharedGpu(0, lock_dir=tmp_path / "locks")
+    code = LANE_WORKER.format(untimed=0.6, timed=0.3)
+    results: dict[str, tuple] = {}
+    threads = [threading.Thread(target=lambda n=n: results.__setitem__(n, _run_lane(tmp_path, n, gpu, code)))
+               for n in ("a", "b", "c")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    spans = {name: payload["spans"] for name, (result, payload) in results.items()}
+    assert all(result.returncode == 0 and not result.timed_out for result, _ in results.values())
+    for name, own in spans.items():
+        for other_name, other in spans.items():
+            if other_name == name:
+                continue
+            for span in own:
+                if span[0] == "exclusive":
+                    assert not any(_overlap(span, o) for o in other), (name, other_name)
+    assert any(_overlap(a, b) for a in spans["a"] for b in spans["b"] if a[0] == b[0] == "shared")
+    for result, payload in results.values():
+        assert payload["summary"]["lanes_shared"] is True and payload["summary"]["gate_requests"] == 3
+    assert sum(result.gpu_wait_s for result, _ in results.values()) > 0.2  # someone waited for a timed section
+    assert gpu.state() == {"shared": 0, "exclusive": False, "waiting_exclusive": 0}
+    assert _try_lock(tmp_path / "locks", 0) is not None
+
+
+def test_time_waiting_for_the_gpu_does_not_count_against_a_worker(tmp_path):
+    """A worker whose own work fits its limit is not timed out because another lane had the GPU."""
+    gpu = SharedGpu(0, lock_dir=None)
+    gpu.acquire(SharedGpu.EXCLUSIVE)  # another lane's timed section, 2 s long
+    threading.Timer(2.0, gpu.release, args=(SharedGpu.EXCLUSIVE,)).start()
+    result, payload = _run_lane(tmp_path, "late", gpu, LANE_WORKER.format(untimed=0.1, timed=0.1), timeout_s=1.5)
+    assert not result.timed_out and result.returncode == 0
+    assert result.gpu_wait_s >= 1.5
+    assert payload["summary"]["gate_wait_s"] >= 1.5
+
+
+def test_a_worker_killed_while_timing_gives_the_gpu_back(tmp_path):
+    """A hung candidate holding the GPU alone is killed at its limit and the other lanes go on."""
+    gpu = SharedGpu(0, lock_dir=tmp_path / "locks")
+    hung = LANE_WORKER.format(untimed=0.0, timed=600)
+    result, payload = _run_lane(tmp_path, "hung", gpu, hung, timeout_s=1.0)
+    assert result.timed_out and payload is None
+    assert gpu.state() == {"shared": 0, "exclusive": False, "waiting_exclusive": 0}
+    result, payload = _run_lane(tmp_path, "next", gpu, LANE_WORKER.format(untimed=0.0, timed=0.0))
+    assert result.returncode == 0 and payload["summary"]["gate_requests"] == 3
+
+
+def test_garbage_on_the_pipe_is_ignored_and_a_release_frees_the_gpu(tmp_path):
+    gpu = SharedGpu(0, lock_dir=None)
+    code = """
+import os, sys, time
+from dice_pipeline.verify.gpu_share import ENV_VAR
+request_w, grant_r = (int(x) for x in os.environ[ENV_VAR].split(","))
+os.write(request_w, b"zz")  # nothing
+os.write(request_w, b"X"); os.read(grant_r, 1)
+open(sys.argv[1], "w").write("{}")
+os.write(request_w, b"R")
+time.sleep(0.5)
+"""
+    holder: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: holder.__setitem__("r", _run_lane(tmp_path, "raw", gpu, code)))
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not (tmp_path / "raw" / "spans.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    assert gpu.state()["exclusive"] is False  # released while the worker still runs
+    thread.join(timeout=20)
+
+
+def test_the_client_without_a_parent_is_a_no_op():
+    from dice_pipeline.verify.gpu_share import GpuShareClient
+
+    calls: list[str] = []
+    client = GpuShareClient(None, before_release=lambda: calls.append("sync"))
+    client.start()
+    with client.exclusive():
+        assert client.mode == SharedGpu.EXCLUSIVE
+    assert client.mode == SharedGpu.SHARED and calls == ["sync", "sync"]
+    assert client.summary() == {"lanes_shared": False, "gate_requests": 0, "gate_wait_s": 0.0}
+
+
+def test_gpu_lanes_is_validated_and_kept_out_of_the_verdict_key():
+    from dice_pipeline.verify.store import _NOT_IN_KEY
+
+    with pytest.raises(ValueError):
+        VerifyConfig(gpu_lanes=0)
+    assert "gpu_lanes" in _NOT_IN_KEY
