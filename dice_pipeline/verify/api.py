@@ -17,13 +17,14 @@ import subprocess
 import sys
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import dice_pipeline
 from dice_pipeline.gpu_pool import SharedGpu, device_lock
+from dice_pipeline.verify.batched_build import BuildGroup, plan_build_groups
 from dice_pipeline.verify.config import VerifyConfig, VerifyJob
 from dice_pipeline.verify.sandbox import SandboxResult, run_isolated, scrubbed_environment
 from dice_pipeline.verify.static_checks import StaticReport, check_candidate_source
@@ -135,7 +136,8 @@ class _BatchRun:
 
     def _run_worker(self, job: VerifyJob, stage: str, static: StaticReport | None, device: int | None,
                     gate: threading.Event | None = None, *, control: bool = False,
-                    low_memory: bool = False, gpu_exclusive: bool = False) -> tuple[SandboxResult, dict[str, Any] | None]:
+                    low_memory: bool = False, gpu_exclusive: bool = False,
+                    extra_request: dict[str, Any] | None = None) -> tuple[SandboxResult, dict[str, Any] | None]:
         scratch = Path(tempfile.mkdtemp(prefix=f"dice_verify_{stage}_"))
         try:
             result_path = scratch / "result.json"
@@ -149,7 +151,8 @@ class _BatchRun:
                        "gpu_lanes": self.config.gpu_lanes, "gpu_exclusive": gpu_exclusive,
                        "memory_fraction": self.config.gpu_memory_fraction if gpu_exclusive
                        else self.lane_memory_fraction(),
-                       "run_cpus": sorted(self.gpu_worker_cpus) if stage == "run" and self.gpu_worker_cpus else None}
+                       "run_cpus": sorted(self.gpu_worker_cpus) if stage == "run" and self.gpu_worker_cpus else None,
+                       **(extra_request or {})}
             (scratch / "request.json").write_text(json.dumps(request))
             env = scrubbed_environment({
                 "HOME": str(scratch), "TMPDIR": str(scratch), "PYTHONPATH": REPO_ROOT, "PYTHONUNBUFFERED": "1",
@@ -162,7 +165,7 @@ class _BatchRun:
             outcome = run_isolated([sys.executable, "-m", "dice_pipeline.verify.worker", str(scratch / "request.json")],
                                    cwd=scratch, env=env, timeout_s=timeout, memory_cap_mb=self.config.memory_cap_mb,
                                    isolate_network=self.config.isolate_network, gate=gate, gate_path=gate_path,
-                                   cpus=self.build_cpus if stage in ("build", "pch") else None,
+                                   cpus=self.build_cpus if stage in ("build", "pch", "group_build") else None,
                                    max_timeout_s=self.config.max_run_timeout_s if stage == "run" else None,
                                    gpu_share=self.shared_gpus.get(device) if stage == "run" else None)
             payload = json.loads(result_path.read_text()) if result_path.exists() else None
@@ -208,6 +211,21 @@ class _BatchRun:
                            compile_seconds=facts["compile_seconds"], build_cache_hit=facts["build_cache_hit"],
                            provenance=self.provenance(facts)), facts
         return None, facts
+
+    def build_group(self, group: BuildGroup) -> dict[str, Any]:
+        """Build a group's extensions as one library in an isolated build worker (batched_build); its members'
+        own build stages then find their extensions in the cache. What happened, for their provenance; a worker
+        that fails or dies only means the members build alone."""
+        job = VerifyJob(f"group_build:{group.indices[0]}", "", "")
+        outcome, payload = self._run_worker(job, "group_build", None, device=None,
+                                            extra_request={"group_extensions": group.extensions})
+        if payload is None:
+            reason = "timed out" if outcome.timed_out else f"died: {outcome.output_tail[-300:]}"
+            return {"candidates": len(group.indices), "extensions": len(group.extensions), "grouped": [],
+                    "worker": reason, "seconds": round(outcome.wall_seconds, 2)}
+        return {"candidates": len(group.indices), "extensions": len(group.extensions),
+                "grouped": payload.get("grouped", []), "attempts": payload.get("attempts", []),
+                "seconds": round(outcome.wall_seconds, 2)}
 
     def warm_precompiled_header(self) -> None:
         """Build the torch/extension.h PCH for the common flag set (no extra cflags) while the first candidates
@@ -346,12 +364,19 @@ def verify_batch(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,
             store.put(jobs[index], config, verdict)
         run.finish(jobs[index], verdict, results, index)
 
+    builds_run = run.execute or config.build_without_gpu
+    groups = plan_build_groups([(i, jobs[i].candidate_src) for i in to_build], config.build_batch_size) \
+        if builds_run and config.build_profile == "fast" else []
+    group_reports: dict[int, dict[str, Any]] = {}
+
     def build_one(index: int) -> None:
         job, static = jobs[index], statics[index]
-        if not run.execute and not config.build_without_gpu:
+        if not builds_run:
             run.finish(job, run.not_executed(static, {}, built=False), results, index)
             return
         verdict, facts = run.build(job, static)
+        if index in group_reports:
+            facts["build_group"] = group_reports[index]
         if verdict is None and run.execute:
             ready.put((index, static, facts))
             return
@@ -390,7 +415,22 @@ def verify_batch(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,
         if config.build_profile == "fast" and config.use_precompiled_header and len(to_build) >= 4 \
                 and config.max_parallel_builds >= 4:
             pool.submit(run.warm_precompiled_header)
-        list(pool.map(build_one, to_build))
+        # Groups first (each is one long build), then the candidates that build alone; a group's candidates
+        # start their own (now cached) build stages as soon as their group is done.
+        group_futures: dict[Future[dict[str, Any]], BuildGroup] = {pool.submit(run.build_group, g): g for g in groups}
+        grouped = {i for g in groups for i in g.indices}
+        builds = [pool.submit(build_one, i) for i in to_build if i not in grouped]
+        for done in as_completed(group_futures):
+            group = group_futures[done]
+            try:
+                report = done.result()
+            except Exception as exc:  # noqa: BLE001 - a group that cannot build leaves its members to build alone
+                report = {"candidates": len(group.indices), "grouped": [], "error": repr(exc)[-300:]}
+            for index in group.indices:
+                group_reports[index] = report
+            builds += [pool.submit(build_one, i) for i in group.indices]
+        for build in builds:
+            build.result()
     for _ in gpu_threads:
         ready.put(None)
     for thread in gpu_threads:

@@ -159,6 +159,20 @@ class CompiledOnlyExtension:
         return not_loadable
 
 
+class GroupMemberExtension:
+    """What `load_inline` returns for an extension built in a group (batched_build): the group's library, seen
+    through this extension's own function names."""
+
+    def __init__(self, name: str, group: Any, namespace: str, functions: list[str]):
+        self.__name__ = name
+        self._group_namespace = namespace
+        for function in functions:
+            setattr(self, function, getattr(group, f"{namespace}__{function}"))
+
+    def __repr__(self) -> str:
+        return f"<extension {self.__name__!r}, built in a group as {self._group_namespace}>"
+
+
 @dataclass
 class BuildRecord:
     """One extension build as seen by the interceptor (goes into the verdict)."""
@@ -320,12 +334,73 @@ class BuildInterceptor:
         finally:
             record.seconds = time.perf_counter() - start
 
+    def build_group(self, extensions: list[dict[str, Any]]) -> dict[str, Any]:
+        """Build the extensions of several candidates (their `load_inline` keyword arguments, as
+        batched_build.plan_build_groups read them) as one library, and enter each one in the cache under its
+        own key, so that its candidate's `load_inline` is a cache hit. A failed build drops the members its
+        output names and tries again with the rest; members left out build alone later. Returns what happened."""
+        from dice_pipeline.verify.batched_build import group_binding_source, member_namespace, members_named, merged_unit
+
+        toolchain = self.toolchain()
+        marker_name = "BUILD_OK.json" if self.mode == "torch" else "COMPILE_OK.json"
+        members = [(n, s, build_key(s, toolchain)) for n, s in
+                   enumerate(ExtensionSources.from_load_inline(**kwargs) for kwargs in extensions)]
+        pending = [m for m in members if not (self.cache_dir / m[2] / marker_name).exists()]
+        already = {n for n, _, _ in members} - {n for n, _, _ in pending}
+        report: dict[str, Any] = {"extensions": len(members), "already_built": len(already),
+                                  "grouped": [], "left_to_build_alone": [], "attempts": []}
+        while len(pending) >= 2:
+            first = pending[0][1]
+            cuda_parts = [(member_namespace(n), member_namespace(n), "\n".join(s.cuda_sources))
+                          for n, s, _ in pending if s.cuda_sources]
+            group = ExtensionSources(
+                name="dice_group", cpp_sources=[group_binding_source(
+                    [(n, dict(s.functions or {}), "\n".join(s.cpp_sources), s.with_pytorch_error_handling)
+                     for n, s, _ in pending])],
+                cuda_sources=[merged_unit(cuda_parts)] if cuda_parts else [], functions=None,
+                extra_cflags=list(first.extra_cflags), extra_cuda_cflags=list(first.extra_cuda_cflags),
+                extra_ldflags=list(first.extra_ldflags), extra_include_paths=list(first.extra_include_paths))
+            group_key = build_key(group, toolchain)
+            record = BuildRecord(name=group.name, key=group_key, cache_hit=False, seconds=0.0)
+            start = time.perf_counter()
+            try:
+                if self.mode == "torch":
+                    self._build_with_torch(group, group_key, record, {}, first_variant_only=True)
+                else:
+                    self._compile_only(group, group_key, record, first_variant_only=True)
+            except ExtensionCompileError as exc:
+                blamed = members_named(exc.log) & {n for n, _, _ in pending}
+                report["attempts"].append({"members": len(pending), "seconds": round(time.perf_counter() - start, 2),
+                                           "built": False, "named_in_errors": sorted(blamed)})
+                if not blamed:
+                    break  # nobody to drop: every member builds alone
+                pending = [m for m in pending if m[0] not in blamed]
+                continue
+            report["attempts"].append({"members": len(pending), "seconds": round(time.perf_counter() - start, 2),
+                                       "built": True, "variant": record.variant, "cache_hit": record.cache_hit})
+            group_marker = json.loads((self.cache_dir / group_key / marker_name).read_text())
+            for number, _, key in pending:
+                build_dir = self.cache_dir / key
+                build_dir.mkdir(parents=True, exist_ok=True)
+                with file_lock(build_dir / ".dice_lock"):
+                    if not (build_dir / marker_name).exists():
+                        (build_dir / marker_name).write_text(json.dumps({
+                            "variant": "batched", "namespace": member_namespace(number),
+                            "module_name": group_marker.get("module_name"), "module_dir": str(self.cache_dir / group_key),
+                            "group": group_key[:16]}))
+                report["grouped"].append(number)
+            pending = []
+        report["left_to_build_alone"] = sorted({n for n, _, _ in members} - set(report["grouped"]) - already)
+        return report
+
     def _variants(self, sources: ExtensionSources) -> list[tuple[str, list[str]]]:
         """(variant name, CUDA sources) to try in order; the full source is always the last resort."""
         trimmed = trim_cuda_headers(sources.cuda_sources) if self.profile == "fast" else None
         return ([("trimmed", trimmed)] if trimmed is not None else []) + [("full", sources.cuda_sources)]
 
-    def _build_with_torch(self, sources: ExtensionSources, key: str, record: BuildRecord, kwargs: dict[str, Any]) -> Any:
+    def _build_with_torch(self, sources: ExtensionSources, key: str, record: BuildRecord, kwargs: dict[str, Any],
+                          *, first_variant_only: bool = False) -> Any:
+        from torch.utils import cpp_extension
         from torch.utils.cpp_extension import _import_module_from_library
 
         build_dir = self.cache_dir / key
@@ -333,14 +408,21 @@ class BuildInterceptor:
         with file_lock(build_dir / ".dice_lock"):
             if marker.exists():
                 built = json.loads(marker.read_text())
-                record.cache_hit, record.variant = True, built["variant"]
-                return _import_module_from_library(built["module_name"], str(build_dir), sources.is_python_module)
+                if "namespace" not in built:
+                    record.cache_hit, record.variant = True, built["variant"]
+                    return _import_module_from_library(built["module_name"], str(build_dir), sources.is_python_module)
+                if (Path(built["module_dir"]) / f"{built['module_name']}.so").exists():
+                    record.cache_hit, record.variant = True, built["variant"]
+                    group = _import_module_from_library(built["module_name"], built["module_dir"], True)
+                    return GroupMemberExtension(sources.name, group, built["namespace"], list(sources.functions or {}))
+                marker.unlink()  # the group's library is gone from the cache: build this one alone
             pch_flags = self.ensure_precompiled_header(sources.extra_cflags)
             errors = []
-            for variant, cuda_sources in self._variants(sources):
+            load_inline = self._original_load_inline or cpp_extension.load_inline
+            for variant, cuda_sources in self._variants(sources)[:1 if first_variant_only else None]:
                 module_name = f"{_safe_identifier(sources.name)}_{key[:12]}_{variant}"
                 try:
-                    module = self._original_load_inline(
+                    module = load_inline(
                         name=module_name, cpp_sources=list(sources.cpp_sources), cuda_sources=list(cuda_sources) or None,
                         functions=sources.functions, extra_cflags=sources.extra_cflags + pch_flags,
                         extra_cuda_cflags=list(sources.extra_cuda_cflags), extra_ldflags=list(sources.extra_ldflags),
@@ -358,7 +440,8 @@ class BuildInterceptor:
                 return module
         raise ExtensionCompileError("extension failed to build", "\n".join(errors))
 
-    def _compile_only(self, sources: ExtensionSources, key: str, record: BuildRecord) -> CompiledOnlyExtension:
+    def _compile_only(self, sources: ExtensionSources, key: str, record: BuildRecord, *,
+                      first_variant_only: bool = False) -> CompiledOnlyExtension:
         build_dir = self.cache_dir / key
         marker = build_dir / "COMPILE_OK.json"
         functions = list(sources.functions or {})
@@ -379,7 +462,7 @@ class BuildInterceptor:
                    *self.ensure_precompiled_header(sources.extra_cflags)]
             errors = []
             pending_cxx: list[list[str]] = [cxx]  # the binding file compiles once, beside the first CUDA variant
-            for variant, cuda_sources in self._variants(sources):
+            for variant, cuda_sources in self._variants(sources)[:1 if first_variant_only else None]:
                 commands = list(pending_cxx)
                 if cuda_sources:
                     cuda_cu = build_dir / f"cuda_{variant}.cu"

@@ -76,6 +76,10 @@ class VerifyConfig:
     build_profile: str = "fast"
     # Precompile torch/extension.h once per flag set for the C++ binding file (cached; first build pays ~1 min).
     use_precompiled_header: bool = True
+    # Up to this many candidates' extensions (same flags and #includes) are compiled as one library, each in its
+    # own namespace, so the torch headers are compiled once per group (batched_build; "fast" profile only).
+    # Members a failed group build names build alone. 1 = every candidate builds alone.
+    build_batch_size: int = 1
     l2_flush_mb: int = 256  # H200 L2 is 60 MB: flush with at least 4x that
     # Which timing convention `Verdict.speedup` (and so the filter, the reward and fast_p) uses; both are always
     # measured. "gpu": flush and call enqueued back to back (KernelBench, triton do_bench, ConCuR's numbers);
@@ -167,6 +171,8 @@ class VerifyConfig:
                              f"got {self.baseline_kernel_policy!r}")
         if self.gpu_lanes < 1:
             raise ValueError("gpu_lanes must be >= 1")
+        if self.build_batch_size < 1:
+            raise ValueError("build_batch_size must be >= 1 (1 builds every candidate alone)")
         if self.timing_min_samples < 1:
             raise ValueError("timing_min_samples must be >= 1")
         self.timing_min_samples = min(self.timing_min_samples, self.timing_samples)
@@ -186,7 +192,7 @@ class VerifyConfig:
     def stage_time_limit(self, stage: str) -> float:
         """Seconds a worker stage may take before the task's own estimate arrives: the build limit, or the run
         limit plus the extra baselines' time."""
-        if stage in ("build", "pch"):
+        if stage in ("build", "pch", "group_build"):
             return self.compile_timeout_s
         return self.run_timeout_s + sum(EXTRA_BASELINE_SECONDS[name] for name in self.extra_baselines)
 

@@ -27,7 +27,7 @@ _NOT_IN_KEY = frozenset({
     "build_cache_dir", "max_parallel_builds", "devices", "memory_cap_mb", "gpu_memory_fraction", "execute",
     "use_precompiled_header", "isolate_network", "compile_arch", "build_without_gpu", "compile_timeout_s",
     "run_timeout_s", "verdict_store_dir", "prestart_gpu_workers", "gpu_worker_cpus",
-    "device_lock_dir", "gpu_lanes",
+    "device_lock_dir", "gpu_lanes", "build_batch_size",
     # set per attempt, bounding time, or choosing which stored verdicts to read: never what a verdict says
     "low_memory", "max_run_timeout_s", "slow_candidate_factor", "accept_verdicts_from",
 })

@@ -1,6 +1,7 @@
 """Entry point of the isolated worker process: `python -m dice_pipeline.verify.worker REQUEST.json`.
 
-Stage "pch" precompiles torch/extension.h into the build cache (once per toolchain); stage "build" imports the candidate with load_inline intercepted (cached build, or compile-only where torch has no
+Stage "pch" precompiles torch/extension.h into the build cache (once per toolchain); stage "group_build" builds
+several candidates' extensions as one library (batched_build) and enters each in the cache; stage "build" imports the candidate with load_inline intercepted (cached build, or compile-only where torch has no
 CUDA); stage "run" imports reference and candidate (builds now hit the cache) and judges on the visible GPU. The
 result is written as JSON to the request's `result_path`; a crash leaves no result, which the parent reports.
 """
@@ -242,6 +243,8 @@ def main(argv: list[str]) -> int:
     started = time.time()
     if request["stage"] == "build":
         result = run_build_stage(request, interceptor, scratch)
+    elif request["stage"] == "group_build":
+        result = {"status": "ok", **interceptor.build_group(request["group_extensions"])}
     elif request["stage"] == "pch":
         result = {"status": "ok", "pch_flags": interceptor.ensure_precompiled_header([], wait=True)}
     elif request["stage"] == "run":

@@ -54,6 +54,33 @@ def test_chunked_comparison_passes_exactly_where_allclose_does():
         assert compare_outputs(ref, cand, (1e-2,), chunk=13).passes[1e-2] == expected
 
 
+@pytest.mark.parametrize("chunk", [1, 13, 10**6])
+def test_the_timed_calls_pass_fail_check_decides_as_the_full_comparison_does(chunk):
+    # stats=False (the check on every timed call) must pass and fail exactly where the full comparison does.
+    torch.manual_seed(2)
+    ref = torch.randn(40, 25)
+    cases = []
+    for scale in (0.0, 1e-5, 5e-3, 9e-3, 2e-2, 1.0):
+        cases.append(ref + torch.randn(40, 25) * scale)
+    nan_unwritten = ref.clone()
+    nan_unwritten[3, 3] = float("nan")
+    both_nan = ref.clone()
+    ref_with_nan = ref.clone()
+    ref_with_nan[1, 2] = both_nan[1, 2] = float("nan")
+    inf_mismatch = ref.clone()
+    inf_mismatch[0, 0] = float("inf")
+    for reference, candidate in [*((ref, c) for c in cases), (ref, nan_unwritten), (ref_with_nan, both_nan),
+                                 (ref, inf_mismatch), (ref, ref[:, :5].t()), ((ref, ref.t()), (ref, ref.t() + 1)),
+                                 ((ref, ref.t()), (ref, ref.t().contiguous())), (ref, ref.double())]:
+        full = compare_outputs(reference, candidate, (1e-2, 1e-4), chunk=chunk)
+        fast = compare_outputs(reference, candidate, (1e-2, 1e-4), chunk=chunk, stats=False)
+        assert fast.passes == full.passes and fast.problem == full.problem
+    # A transposed reference output against the same values laid out contiguously lines up chunk by chunk.
+    assert compare_outputs(ref.t(), ref.t().contiguous(), (1e-4,), chunk=chunk).passes[1e-4]
+    assert not compare_outputs(ref, inf_mismatch, (1e-2,), stats=False).passes[1e-2]
+    assert compare_outputs(ref_with_nan, both_nan, (1e-2,), stats=False).passes[1e-2]
+
+
 def test_degenerate_detection_is_the_same_chunked():
     outputs = [torch.full((50,), 1e-4), torch.full((50,), -2e-4)]
     for chunk in (3, 10**6):
