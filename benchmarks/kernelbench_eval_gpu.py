@@ -110,16 +110,17 @@ def _baseline_rows(tasks, config, kinds, state_path: Path, deadline: float, exec
     return rows
 
 
-def _seed_baselines(sweep_path: Path, tasks, state_path: Path, log) -> None:
-    """Baselines the full-size sweep measured one task at a time, for the tasks the state does not hold yet."""
+def _seed_baselines(sweep_path: Path, tasks, state_path: Path, log, gpu: str | None) -> None:
+    """Baselines the full-size sweep measured with the GPU to itself, on a GPU named `gpu` (this one), for the
+    tasks the state does not hold yet."""
     rows = [json.loads(line) for line in sweep_path.read_text().splitlines() if line.strip()]
     kept: dict[str, dict] = json.loads(state_path.read_text()) if state_path.is_file() else {}
-    seeded = {k: v for k, v in baselines_from_sweep(rows, [t.key for t in tasks]).items()
+    seeded = {k: v for k, v in baselines_from_sweep(rows, [t.key for t in tasks], gpu=gpu).items()
               if not kept.get(k) or kept[k].get("status") in ("infrastructure_error", "not_executed")}
     if seeded:
         state_path.parent.mkdir(parents=True, exist_ok=True)
         _write(state_path, {**kept, **seeded})
-    log(f"baselines: {len(seeded)} taken from {sweep_path} (one task on the GPU at a time)")
+    log(f"baselines: {len(seeded)} taken from {sweep_path} (timed with the GPU to itself on {gpu or 'any GPU'})")
 
 
 def _stored_results(tasks, state_dir: Path, samples: int, executes: bool):
@@ -220,7 +221,11 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.monotonic()
         kinds = [k for k in args.baselines.split(",") if k]
         if args.baselines_from is not None:
-            _seed_baselines(args.baselines_from, tasks, state_dir / "baselines.json", log)
+            from dice_pipeline.verify.api import gpu_inventory
+
+            local = gpu_inventory()
+            _seed_baselines(args.baselines_from, tasks, state_dir / "baselines.json", log,
+                            local[0].name if local else None)
         baselines = _baseline_rows(tasks, config, kinds, state_dir / "baselines.json", deadline, executes, log)
         summary["phases"]["baselines_s"] = round(time.monotonic() - t0, 1)
     except BaseException as error:  # noqa: BLE001 - write what there is, whatever stopped us

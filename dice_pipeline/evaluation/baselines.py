@@ -61,17 +61,21 @@ def timed_alone(row: dict[str, Any]) -> bool:
     return bool(share.get("timed_alone"))
 
 
-def baselines_from_sweep(rows: Sequence[dict[str, Any]], task_ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+def baselines_from_sweep(rows: Sequence[dict[str, Any]], task_ids: Sequence[str],
+                         gpu: str | None = None) -> dict[str, dict[str, Any]]:
     """Baseline rows (keyed by task id, in the evaluation's state format) from a full-size sweep's rows
     (`benchmarks/kernelbench_sweep.py`): the same `measure_references` measurement. Only rows of the given tasks
     whose timing had the GPU to itself (one lane, or several lanes whose timed sections ran alone, stated in
     provenance["gpu_share"]; older multi-lane sweeps timed side by side and are skipped) and finished (measured, or
     a reference that failed on its own) are taken; compile numbers only where the sweep timed torch.compile too.
-    The last row of a task wins."""
+    With `gpu` (the local GPU's name), only rows measured on a GPU of that name: a sweep state can hold rows of
+    several machines, and speedups are never computed against another GPU's times. The last row of a task wins."""
     wanted = set(task_ids)
     out: dict[str, dict[str, Any]] = {}
     for row in rows:
         if row.get("task_id") not in wanted or not timed_alone(row):
+            continue
+        if gpu is not None and (row.get("provenance") or {}).get("gpu") != gpu:
             continue
         if row.get("status") not in ("measured", "runtime_error", "timeout"):
             continue

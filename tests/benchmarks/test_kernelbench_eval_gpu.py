@@ -117,6 +117,15 @@ def test_baselines_are_taken_from_a_one_lane_sweep_only():
     assert not _needs_baseline(seeded["L1/6_F"], "eager", executes=True)
 
 
+def test_baselines_from_a_sweep_are_only_those_measured_on_this_gpu():
+    from dice_pipeline.evaluation.baselines import baselines_from_sweep
+
+    rows = [_sweep_row("L1/1_A"), {**_sweep_row("L1/2_B"), "provenance": {"gpu": "NVIDIA H100 80GB HBM3"}}]
+    assert sorted(baselines_from_sweep(rows, ["L1/1_A", "L1/2_B"], gpu="H200")) == ["L1/1_A"]
+    assert sorted(baselines_from_sweep(rows, ["L1/1_A", "L1/2_B"], gpu="NVIDIA H100 80GB HBM3")) == ["L1/2_B"]
+    assert sorted(baselines_from_sweep(rows, ["L1/1_A", "L1/2_B"])) == ["L1/1_A", "L1/2_B"]
+
+
 def test_the_sweep_resumes_from_its_state_and_retries_infrastructure_errors(tmp_path):
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from kernelbench_sweep import read_state
