@@ -139,6 +139,10 @@ class KernelVerifier(dg.ConfigurableResource):
     baseline_kernel_policy: str = "reject"
     # Older verifier versions whose stored verdicts may fill in (e.g. ["0.2.0"]), flagged `older_verifier_version`.
     accept_verdicts_from: list[str] = []
+    # Candidates judged on a GPU at once: untimed work overlaps, every timed section still has the GPU to itself.
+    gpu_lanes: int = 1
+    # Up to this many candidates' extensions built as one library (torch headers compiled once a group); 1 = alone.
+    build_batch_size: int = 8
 
     def verify_config(self):
         from dice_pipeline.gpu_pool import default_lock_dir
@@ -167,6 +171,8 @@ class KernelVerifier(dg.ConfigurableResource):
             speedup_convention=self.speedup_convention,
             baseline_kernel_policy=self.baseline_kernel_policy,
             accept_verdicts_from=tuple(self.accept_verdicts_from),
+            gpu_lanes=self.gpu_lanes,
+            build_batch_size=self.build_batch_size,
             **optional,
         )
 

@@ -165,6 +165,7 @@ class GroupMemberExtension:
 
     def __init__(self, name: str, group: Any, namespace: str, functions: list[str]):
         self.__name__ = name
+        self.__file__ = getattr(group, "__file__", None)
         self._group_namespace = namespace
         for function in functions:
             setattr(self, function, getattr(group, f"{namespace}__{function}"))
