@@ -376,7 +376,17 @@ def verify_batch(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,
             return
         verdict, facts = run.build(job, static)
         if index in group_reports:
-            facts["build_group"] = group_reports[index]
+            report = group_reports[index]
+            facts["build_group"] = report
+            if verdict is not None:
+                verdict.provenance["build_group"] = report
+            if facts.get("builds") and set(report["members"]) <= set(report.get("grouped", [])):
+                # Built moments ago in its group, not found from an earlier run: a cold build, its share of the
+                # group's compile time.
+                share = sum(a.get("seconds", 0.0) for a in report.get("attempts", [])) / max(1, len(report["grouped"]))
+                facts.update(build_cache_hit=False, compile_seconds=round(share, 3))
+                if verdict is not None:
+                    verdict.build_cache_hit, verdict.compile_seconds = False, facts["compile_seconds"]
         if verdict is None and run.execute:
             ready.put((index, static, facts))
             return
@@ -427,7 +437,7 @@ def verify_batch(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,
             except Exception as exc:  # noqa: BLE001 - a group that cannot build leaves its members to build alone
                 report = {"candidates": len(group.indices), "grouped": [], "error": repr(exc)[-300:]}
             for index in group.indices:
-                group_reports[index] = report
+                group_reports[index] = {**report, "members": group.members[index]}
             builds += [pool.submit(build_one, i) for i in group.indices]
         for build in builds:
             build.result()

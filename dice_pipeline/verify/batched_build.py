@@ -183,6 +183,7 @@ class BuildGroup:
     signature: str
     indices: list[int] = field(default_factory=list)
     extensions: list[dict[str, Any]] = field(default_factory=list)
+    members: dict[int, list[int]] = field(default_factory=dict)  # candidate index -> its member numbers
 
 
 def plan_build_groups(candidates: list[tuple[int, str]], size: int) -> list[BuildGroup]:
@@ -202,8 +203,10 @@ def plan_build_groups(candidates: list[tuple[int, str]], size: int) -> list[Buil
         groups = by_signature.setdefault(signature, [])
         if not groups or len(groups[-1].extensions) + len(calls) > size:
             groups.append(BuildGroup(signature))
-        groups[-1].indices.append(index)
-        groups[-1].extensions.extend(calls)
+        group = groups[-1]
+        group.indices.append(index)
+        group.members[index] = list(range(len(group.extensions), len(group.extensions) + len(calls)))
+        group.extensions.extend(calls)
     return [g for groups in by_signature.values() for g in groups if len(g.indices) >= 2]
 
 

@@ -96,6 +96,7 @@ def test_groups_hold_same_flag_same_include_extensions_up_to_the_size():
     sources = [*twins, other_flags, other_includes, unreadable, candidate(scale="3.0f", forward="return x")]
     groups = plan_build_groups(list(enumerate(sources)), size=2)
     assert sorted(g.indices for g in groups) == [[0, 1], [3, 6]]  # index 2 would be a group of one: alone
+    assert [g.members for g in sorted(groups, key=lambda g: g.indices)] == [{0: [0], 1: [1]}, {3: [0], 6: [1]}]
     assert all(len(g.extensions) == len(g.indices) for g in groups)
     assert plan_build_groups(list(enumerate(sources)), size=1) == []
     assert group_signature(read_inline_extensions(twins[0])[0]) != group_signature(
@@ -160,6 +161,10 @@ def test_verify_batch_builds_candidates_in_groups_with_nvcc(tmp_path):
     verdicts = verify_batch([VerifyJob("a", REFERENCE, HONEST), VerifyJob("b", REFERENCE, twin)], config)
     for verdict in verdicts:
         assert verdict.status == Status.NOT_EXECUTED, verdict.to_json()
-        assert verdict.provenance["builds"][0]["variant"] == "batched" and verdict.build_cache_hit
+        assert verdict.provenance["builds"][0]["variant"] == "batched"
         group = verdict.provenance["build_group"]
         assert group["candidates"] == 2 and group["grouped"] == [0, 1] and group["attempts"][0]["built"]
+        # built now, in its group: a cold build with its share of the group's compile time, not a cache hit
+        assert not verdict.build_cache_hit and verdict.compile_seconds == pytest.approx(
+            group["attempts"][0]["seconds"] / 2, abs=1e-3)
+    assert [v.provenance["build_group"]["members"] for v in verdicts] == [[0], [1]]
