@@ -1,13 +1,17 @@
-"""Verifier throughput on the seed corpus: our verifier (parallel cached builds, isolated workers, full checks)
-against a naive serial baseline that does what KernelBench's harness does (default `load_inline` flags, cold build,
-one candidate at a time, 5 allclose trials at 1e-2, 100 timed trials with CUDA events). Run on a GPU host:
+"""Verifier throughput: our verifier (grouped cached builds, isolated workers, full checks) against a
+KernelBench-style pipeline judging the same candidates with KernelBench's checks (default `load_inline` flags,
+cold builds, 5 allclose trials at 1e-2, 100 timed trials with CUDA events). Run on a GPU host:
 
-    python benchmarks/verify_throughput.py --out DIR [--baseline-subset N]
+    python benchmarks/verify_throughput.py --out DIR [--candidates seed+structures] [--baseline parallel]
+                                           [--lanes 2] [--batch-size 8]
 
-Writes DIR/seed_verdicts.json (every pair's verdict), DIR/verify_throughput.json (the numbers) and DIR/verdict_store
-(the verdicts as a store `dice run --verdict-store` reuses), prints a summary.
-The baseline costs ~45-90 s a candidate, so it runs on the first N pairs (a fixed subset) and its throughput is
-per-candidate; the ratio compares candidates judged per minute.
+Baselines: "parallel" (the strongest plain one) builds every candidate at once on every core, each in a fresh
+process and extension folder, then judges them one at a time in fresh processes that load the built extensions;
+"serial" builds and judges one candidate after another, on the first --baseline-subset pairs only (~45-90 s a
+candidate). Candidates: "seed" (the 40 seed pairs) or "seed+structures" (those and one template candidate for each
+of the 27 structure-synthesis tasks: 67). Writes DIR/seed_verdicts.json (our verdicts of the seed pairs),
+DIR/verify_throughput.json (the numbers, every candidate's two verdicts side by side) and DIR/verdict_store, and
+prints a summary; the ratio compares candidates fully judged per minute.
 """
 
 from __future__ import annotations
@@ -85,50 +89,138 @@ def baseline_worker(request_path: str) -> None:
     Path(request["result_path"]).write_text(json.dumps(result))
 
 
+def baseline_build_worker(request_path: str) -> None:
+    """The parallel baseline's build step in this (fresh) process: import the candidate, whose `load_inline`
+    builds into this process's TORCH_EXTENSIONS_DIR with load_inline's own flags."""
+    request = json.loads(Path(request_path).read_text())
+    start = time.perf_counter()
+    result: dict = {"status": "built"}
+    try:
+        exec(compile(request["candidate_src"], "candidate.py", "exec"), {})  # noqa: S102 - baseline does this
+    except Exception as exc:  # noqa: BLE001
+        result.update(status="compile_error", error=repr(exc)[-500:])
+    result["seconds"] = time.perf_counter() - start
+    Path(request["result_path"]).write_text(json.dumps(result))
+
+
+def _baseline_process(flag: str, pair: dict, ext_dir: str, scratch: str, timeout: float) -> dict:
+    request = {"reference_src": pair["pytorch_code"], "candidate_src": pair["generated_code"],
+               "result_path": os.path.join(scratch, f"{flag.strip('-')}.json")}
+    request_path = Path(scratch, f"{flag.strip('-')}_request.json")
+    request_path.write_text(json.dumps(request))
+    env = dict(os.environ, TORCH_EXTENSIONS_DIR=ext_dir, MAX_JOBS="2")
+    try:
+        proc = subprocess.run([sys.executable, __file__, flag, str(request_path)], env=env, capture_output=True,
+                              text=True, timeout=timeout)
+        error = proc.stderr[-500:]
+    except subprocess.TimeoutExpired:
+        error = f"timed out after {timeout:g} s"
+    path = Path(request["result_path"])
+    return json.loads(path.read_text()) if path.exists() else {"status": "runtime_error", "error": error}
+
+
+def run_parallel_baseline(pairs: list[dict], workdir: Path) -> tuple[float, list[dict], dict]:
+    """KernelBench-style, the strongest plain way: every candidate built at once (one fresh process each, as many
+    side by side as the host has cores), then judged one at a time in fresh processes that load what was built."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    start = time.perf_counter()
+    dirs = [workdir / f"c{i:03d}" for i in range(len(pairs))]
+    for folder in dirs:
+        (folder / "ext").mkdir(parents=True, exist_ok=True)
+
+    def build(i: int) -> dict:
+        return _baseline_process("--baseline-build", pairs[i], str(dirs[i] / "ext"), str(dirs[i]), 1800)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        builds = list(pool.map(build, range(len(pairs))))
+    build_wall = time.perf_counter() - start
+    print(f"baseline: {len(pairs)} builds in {build_wall:.1f} s", flush=True)
+    results = []
+    for i, (pair, built) in enumerate(zip(pairs, builds)):
+        if built["status"] != "built":
+            result = {"status": "compile_error", "error": built.get("error"), "seconds": 0.0}
+        else:
+            result = _baseline_process("--baseline-worker", pair, str(dirs[i] / "ext"), str(dirs[i]), 900)
+        result.update(problem_name=pair["problem_name"], build_seconds=built.get("seconds"))
+        results.append(result)
+        print(f"baseline {pair['problem_name']}: {result['status']} in {result.get('seconds', 0):.1f} s", flush=True)
+    wall = time.perf_counter() - start
+    return wall, results, {"build_wall_seconds": build_wall, "judge_wall_seconds": wall - build_wall}
+
+
 def baseline_subset(pairs: list[dict], n: int) -> list[dict]:
     """The first `n` of DEFAULT_BASELINE_SUBSET present in the corpus (an honest kernel first, then a wrong one)."""
     by_name = {p["problem_name"]: p for p in pairs}
     return [by_name[name] for name in DEFAULT_BASELINE_SUBSET if name in by_name][:n]
 
 
-def run_baseline(pairs: list[dict]) -> tuple[float, list[dict]]:
+def run_serial_baseline(pairs: list[dict]) -> tuple[float, list[dict]]:
     results = []
     start = time.perf_counter()
     for pair in pairs:
         with tempfile.TemporaryDirectory(prefix="kb_baseline_") as scratch:
-            request = {"reference_src": pair["pytorch_code"], "candidate_src": pair["generated_code"],
-                       "result_path": os.path.join(scratch, "result.json")}
-            Path(scratch, "request.json").write_text(json.dumps(request))
             # A fresh extensions dir per candidate: KernelBench builds every candidate cold.
-            env = dict(os.environ, TORCH_EXTENSIONS_DIR=os.path.join(scratch, "ext"))
-            proc = subprocess.run([sys.executable, __file__, "--baseline-worker", os.path.join(scratch, "request.json")],
-                                  env=env, capture_output=True, text=True, timeout=900)
-            path = Path(request["result_path"])
-            result = json.loads(path.read_text()) if path.exists() else {"status": "runtime_error",
-                                                                          "error": proc.stderr[-500:]}
+            result = _baseline_process("--baseline-worker", pair, os.path.join(scratch, "ext"), scratch, 900)
         result["problem_name"] = pair["problem_name"]
         results.append(result)
         print(f"baseline {pair['problem_name']}: {result['status']} in {result.get('seconds', 0):.1f} s", flush=True)
     return time.perf_counter() - start, results
 
 
+def structure_pairs() -> list[dict]:
+    """One template candidate for each structure-synthesis task, in the seed pairs' shape."""
+    from dice_pipeline.synthesis.catalogue import structure_catalogue
+    from dice_pipeline.synthesis.templates import TemplateGenerator
+
+    generator, pairs = TemplateGenerator(), []
+    for task in structure_catalogue():
+        candidates = generator.generate(task.pytorch_code, 1, seed=0)
+        if candidates and candidates[0].code:
+            pairs.append({"uuid": f"structure:{task.task_id}", "problem_name": task.task_id,
+                          "pytorch_code": task.pytorch_code, "generated_code": candidates[0].code})
+    return pairs
+
+
+# What KernelBench's harness can say, and ours mapped onto it: a rejection it has no notion of stays apart.
+_COMMON = {"correct": "correct", "incorrect": "incorrect", "runtime_error": "incorrect",
+           "compile_error": "compile_error"}
+
+
+def agreement(ours: str, baseline: str) -> str:
+    """'same', 'ours_rejects' (deceptive and similar: checks KernelBench's harness does not make), or 'differ'."""
+    if _COMMON.get(ours, ours) == _COMMON.get(baseline, baseline):
+        return "same"
+    if ours in ("deceptive",) and baseline == "correct":
+        return "ours_rejects"
+    return "differ"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=False, default="benchmarks/results")
+    parser.add_argument("--candidates", choices=("seed", "seed+structures"), default="seed")
+    parser.add_argument("--baseline", choices=("serial", "parallel"), default="serial")
     parser.add_argument("--baseline-subset", type=int, default=3, help="pairs the serial baseline judges")
+    parser.add_argument("--lanes", type=int, default=1, help="our judging lanes a GPU (VerifyConfig.gpu_lanes)")
+    parser.add_argument("--batch-size", type=int, default=8, help="our build groups (VerifyConfig.build_batch_size)")
     parser.add_argument("--verdict-store", default=None,
                         help="also put our verdicts in this verdict store (default OUT/verdict_store)")
     parser.add_argument("--baseline-worker", help=argparse.SUPPRESS)
+    parser.add_argument("--baseline-build", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.baseline_worker:
         baseline_worker(args.baseline_worker)
+        return 0
+    if args.baseline_build:
+        baseline_build_worker(args.baseline_build)
         return 0
     from dice_pipeline.seed_corpus import load_seed_pairs
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    pairs = load_seed_pairs()
-    subset = baseline_subset(pairs, args.baseline_subset)
+    seeds = load_seed_pairs()
+    pairs = seeds + (structure_pairs() if args.candidates == "seed+structures" else [])
 
     # Ours first: its seed-corpus verdicts are the result other stages need, should the baseline overrun.
     cache_dir = tempfile.mkdtemp(prefix="dice_verify_bench_cache_")
@@ -136,7 +228,8 @@ def main() -> int:
     store_dir = Path(args.verdict_store or out / "verdict_store")
     if store_dir.exists() and any(store_dir.rglob("*.json")):
         parser.error(f"{store_dir} already holds verdicts: the benchmark needs an empty store")
-    config = VerifyConfig(build_cache_dir=cache_dir, verdict_store_dir=str(store_dir))
+    config = VerifyConfig(build_cache_dir=cache_dir, verdict_store_dir=str(store_dir), gpu_lanes=args.lanes,
+                          build_batch_size=args.batch_size)
     jobs = [VerifyJob(p["uuid"], p["pytorch_code"], p["generated_code"]) for p in pairs]
     start = time.perf_counter()
     uuid_to_name = {p["uuid"]: p["problem_name"] for p in pairs}
@@ -153,10 +246,17 @@ def main() -> int:
     partial.close()
     ours_wall = time.perf_counter() - start
     seed_verdicts = [{"job_id": p["uuid"], "problem_name": p["problem_name"], "verdict": v.to_dict()}
-                     for p, v in zip(pairs, verdicts)]
+                     for p, v in zip(pairs, verdicts) if p in seeds]
     (out / "seed_verdicts.json").write_text(json.dumps(seed_verdicts, indent=1, sort_keys=True))
 
-    baseline_wall, baseline_results = run_baseline(subset)
+    baseline_phases: dict = {}
+    if args.baseline == "parallel":
+        subset = pairs
+        baseline_wall, baseline_results, baseline_phases = run_parallel_baseline(
+            pairs, Path(tempfile.mkdtemp(prefix="kb_parallel_baseline_")))
+    else:
+        subset = baseline_subset(pairs, args.baseline_subset)
+        baseline_wall, baseline_results = run_serial_baseline(subset)
 
     hit_start = time.perf_counter()
     hit = compile_only(pairs[0]["pytorch_code"], pairs[0]["generated_code"], config)
@@ -164,26 +264,31 @@ def main() -> int:
 
     ours_by_name = {p["problem_name"]: v for p, v in zip(pairs, verdicts)}
     cold = [v.compile_seconds for v in verdicts if v.compile_seconds and not v.build_cache_hit]
-    agreement = [{"problem_name": r["problem_name"], "baseline": r["status"],
-                  "ours": ours_by_name[r["problem_name"]].status.value,
-                  "baseline_speedup": r.get("speedup"), "ours_speedup": ours_by_name[r["problem_name"]].speedup}
-                 for r in baseline_results]
+    side_by_side = [{"problem_name": r["problem_name"], "baseline": r["status"],
+                     "ours": ours_by_name[r["problem_name"]].status.value,
+                     "agreement": agreement(ours_by_name[r["problem_name"]].status.value, r["status"]),
+                     "ours_reasons": ours_by_name[r["problem_name"]].reason_codes(),
+                     "baseline_speedup": r.get("speedup"), "ours_speedup": ours_by_name[r["problem_name"]].speedup}
+                    for r in baseline_results]
     summary = {
         "gpu": verdicts[0].provenance.get("gpu"), "host_cpus": os.cpu_count(),
-        "time": verdicts[0].provenance.get("time"),
+        "time": verdicts[0].provenance.get("time"), "candidates_set": args.candidates,
         "ours": {"candidates": len(jobs), "wall_seconds": ours_wall, "per_minute": len(jobs) / ours_wall * 60,
+                 "gpu_lanes": args.lanes, "build_batch_size": args.batch_size,
                  "cold_build_seconds_median": statistics.median(cold) if cold else None,
                  "cold_build_seconds_min": min(cold) if cold else None,
                  "cache_hit_build_seconds": hit.compile_seconds, "cache_hit_call_wall_seconds": hit_wall,
                  "statuses": {s: sum(v.status.value == s for v in verdicts) for s in {v.status.value for v in verdicts}}},
-        "baseline": {"candidates": len(subset), "wall_seconds": baseline_wall,
-                     "per_minute": len(subset) / baseline_wall * 60,
-                     "cold_build_seconds": [r.get("compile_seconds") for r in baseline_results]},
-        "agreement_on_baseline_subset": agreement,
+        "baseline": {"kind": args.baseline, "candidates": len(subset), "wall_seconds": baseline_wall,
+                     "per_minute": len(subset) / baseline_wall * 60, **baseline_phases,
+                     "build_seconds": [r.get("build_seconds", r.get("compile_seconds")) for r in baseline_results]},
+        "agreement": {kind: sum(r["agreement"] == kind for r in side_by_side)
+                      for kind in ("same", "ours_rejects", "differ")},
+        "side_by_side": side_by_side,
     }
     summary["throughput_ratio"] = summary["ours"]["per_minute"] / summary["baseline"]["per_minute"]
     (out / "verify_throughput.json").write_text(json.dumps(summary, indent=1, default=str))
-    print(json.dumps(summary, indent=1, default=str))
+    print(json.dumps({k: v for k, v in summary.items() if k != "side_by_side"}, indent=1, default=str))
     return 0
 
 
