@@ -4,7 +4,7 @@
 # what you keep into benchmarks/results/ and benchmarks/RESULTS.md.
 #
 #   benchmarks/gpu_suite.sh OUT_DIR [PART ...]      PART: tests verify synthesis train decode (default: all)
-#                                                    or decode-smollm2, scaling (not in the default set)
+#                                                    or throughput, decode-smollm2, scaling (not in the default set)
 #
 # Rough H200 timings: tests 5 min, verify 10 min, synthesis 5 min, train 3 min, decode 3.5 min, decode-smollm2 6 min.
 # decode-smollm2 converts SmolLM2-135M-Instruct (4 minutes of block-diffusion training) and benchmarks its decoding;
@@ -42,6 +42,11 @@ for part in $PARTS; do
         verify)  # the verifier on the seed corpus and the serial KernelBench-like baseline (fills the store)
             step verify_throughput 900 python3 benchmarks/verify_throughput.py --out "$OUT/verify" \
                 --baseline-subset 2 --verdict-store "$STORE" ;;
+        throughput)  # 67 candidates: ours (2 lanes, build groups) against a parallel-build, judge-one-at-a-time
+                     # KernelBench-style pipeline, side by side (the verifier issue's deliverable 6)
+            step verify_throughput_parallel 1800 python3 benchmarks/verify_throughput.py --out "$OUT/throughput" \
+                --candidates seed+structures --baseline parallel --lanes 2 --batch-size 8
+            step build_groups 900 python3 benchmarks/build_groups.py "$OUT/build_groups" --batch-size 8 --judge 6 ;;
         synthesis)  # the structure catalogue with the template backend, really verified (adds to the store)
             step synthesize 900 python3 -m dice_pipeline.cli synthesize --out "$OUT/synthesis" --verdict-store "$STORE" ;;
         train)

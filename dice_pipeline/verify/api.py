@@ -151,6 +151,8 @@ class _BatchRun:
                        "gpu_lanes": self.config.gpu_lanes, "gpu_exclusive": gpu_exclusive,
                        "memory_fraction": self.config.gpu_memory_fraction if gpu_exclusive
                        else self.lane_memory_fraction(),
+                       # what a lane that foresees needing more than its share switches to (worker.needs_whole_gpu)
+                       "exclusive_memory_fraction": self.config.gpu_memory_fraction or 0.9,
                        "run_cpus": sorted(self.gpu_worker_cpus) if stage == "run" and self.gpu_worker_cpus else None,
                        **(extra_request or {})}
             (scratch / "request.json").write_text(json.dumps(request))

@@ -138,7 +138,8 @@ def _reject_mutated_inputs(before: list[Any], after: list[Any], when: str) -> No
                             "anti_gaming")
 
 
-def _output_bytes(outputs: list[Any]) -> int:
+def output_bytes(outputs: list[Any]) -> int:
+    """Bytes of every tensor leaf of `outputs`."""
     return sum(leaf.numel() * leaf.element_size() for output in outputs for leaf in _flatten_outputs(output)
                if isinstance(leaf, torch.Tensor))
 
@@ -676,7 +677,7 @@ class CandidateJudge:
                     worst_consistency = (consistency.max_abs_diff, tight)
             del cand_before, cand_after
             earlier_refs.append(ref_out)
-            while len(earlier_refs) > 1 and _output_bytes(earlier_refs) > stale_bytes:
+            while len(earlier_refs) > 1 and output_bytes(earlier_refs) > stale_bytes:
                 earlier_refs.pop(0)
             decided += all(c.passes[policy_tol] for c in trial_cmp)
             self.policy_tolerance = policy_tol

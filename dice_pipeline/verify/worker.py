@@ -119,6 +119,27 @@ def _send_run_limit(config: VerifyConfig, draw_s: float, call_s: float) -> float
     return limit
 
 
+# The judgement's peak GPU memory, as a multiple of the task's input and output bytes: the inputs, their pristine
+# clone and a fresh draw (3x); the reference's and two candidate outputs, earlier outputs kept for the stale-result
+# check and the comparison's chunks (about 5.5x); plus the CUDA context and library workspaces. On the level-1
+# tasks whose outputs are as large as their inputs the peak was 8.25x the inputs (sweeps of 2026-12-05,
+# benchmarks/RESULTS.md).
+PEAK_PER_INPUT_BYTE = 3.0
+PEAK_PER_OUTPUT_BYTE = 5.5
+PEAK_OVERHEAD_BYTES = 1 << 30
+
+
+def expected_peak_bytes(input_bytes: int, output_bytes: int) -> float:
+    return PEAK_PER_INPUT_BYTE * input_bytes + PEAK_PER_OUTPUT_BYTE * output_bytes + PEAK_OVERHEAD_BYTES
+
+
+def needs_whole_gpu(input_bytes: int, output_bytes: int, lane_budget_bytes: float) -> bool:
+    """Whether a judgement sharing its GPU with other lanes should have the GPU and its memory to itself from the
+    start: its expected peak does not fit its lane's share of the memory, where it would run out and be judged
+    again alone (the time of that first attempt is saved)."""
+    return expected_peak_bytes(input_bytes, output_bytes) > lane_budget_bytes
+
+
 def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scratch: Path) -> dict[str, Any]:
     """The GPU judgement. With request["control"], the reference is judged against itself (measure_references):
     the candidate source is not imported and no profiler pass runs."""
@@ -168,6 +189,22 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
             judge.judgement.fields["retry_low_memory"] = True
     if limit is None:
         _send_run_limit(config, 0.0, 0.0)
+    exclusive_fraction = request.get("exclusive_memory_fraction")
+    if judge.prepared and share.active and share.mode != SharedGpu.EXCLUSIVE and fraction and exclusive_fraction:
+        from dice_pipeline.verify.harness import output_bytes
+
+        total = torch.cuda.get_device_properties(0).total_memory
+        input_bytes = judge.judgement.fields.get("provenance", {}).get("input_bytes") or 0
+        out_bytes = output_bytes([judge.probe])  # the reference's output, from the trusted probe call
+        if needs_whole_gpu(input_bytes, out_bytes, fraction * total):
+            with judge.phase("gpu_wait_for_whole_gpu"):
+                share.start(SharedGpu.EXCLUSIVE)  # trusted code so far: no candidate module exists yet
+            torch.cuda.set_per_process_memory_fraction(exclusive_fraction)
+            whole_gpu = {"input_mb": round(input_bytes / 2**20, 1), "output_mb": round(out_bytes / 2**20, 1),
+                         "expected_peak_mb": round(expected_peak_bytes(input_bytes, out_bytes) / 2**20, 1),
+                         "lane_budget_mb": round(fraction * total / 2**20, 1), "memory_fraction": exclusive_fraction}
+            judge.judgement.fields.setdefault("provenance", {})["whole_gpu_from_the_start"] = whole_gpu
+            fraction = exclusive_fraction
     if judge.prepared:
         if not control:
             try:
@@ -195,7 +232,7 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
     provenance["phase_seconds"] = {**provenance.get("phase_seconds", {}), **judge.phase_seconds}
     if share.active:
         provenance["gpu_share"] = {**share.summary(), "lanes": request.get("gpu_lanes"),
-                                   "whole_run_exclusive": bool(request.get("gpu_exclusive")),
+                                   "whole_run_exclusive": share.mode == SharedGpu.EXCLUSIVE,
                                    "memory_fraction": fraction, "timed_alone": True}
     provenance.update(
         gpu=props.name, compute_capability=f"{props.major}.{props.minor}", torch=torch.__version__,

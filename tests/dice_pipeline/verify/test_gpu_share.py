@@ -205,3 +205,16 @@ def test_gpu_lanes_is_validated_and_kept_out_of_the_verdict_key():
     with pytest.raises(ValueError):
         VerifyConfig(gpu_lanes=0)
     assert "gpu_lanes" in _NOT_IN_KEY
+
+
+def test_a_lane_takes_the_whole_gpu_from_the_start_when_its_task_will_not_fit_its_share():
+    from dice_pipeline.verify.worker import needs_whole_gpu
+
+    gib = 2**30
+    h200_third = 0.3 * 139 * gib  # three lanes on an H200
+    # Level-1 elementwise tasks: 6 GiB in, 6 GiB out, peaked at 49.5 GiB and ran out of a third of an H200.
+    assert needs_whole_gpu(6 * gib, 6 * gib, h200_third)
+    # A matrix-vector product: 8 GiB in, a small output, peaked at 18.7 GiB inside its third.
+    assert not needs_whole_gpu(8 * gib, 1 << 20, h200_third)
+    # A 2 GiB convolution (peak 20 GiB) shares the GPU.
+    assert not needs_whole_gpu(2 * gib, 2 * gib, h200_third)
