@@ -10,11 +10,11 @@ import ast
 import re
 from dataclasses import dataclass
 
+from dice_pipeline.verify.batched_build import merged_unit
+
 # Compiling torch/extension.h costs ~100 s of host-compiler time per translation unit on our 2-core CPU machines,
 # so checks compile many candidates in one unit: each candidate's code goes into its own namespace, its #includes
 # are hoisted above all namespaces, and a #line directive makes every diagnostic name the candidate it came from.
-_INCLUDE_LINE = re.compile(r"^\s*#\s*include\b.*$", re.MULTILINE)
-_DEFINE_NAME = re.compile(r"^\s*#\s*define\s+([A-Za-z_][A-Za-z0-9_]*)", re.MULTILINE)
 _PROTOTYPE = re.compile(r"([A-Za-z_][A-Za-z0-9_:<>]*)\s+([A-Za-z_][A-Za-z0-9_]*)\s*\(([^;{]*)\)\s*;")
 
 
@@ -103,19 +103,10 @@ def merged_cuda_unit(sources: dict[str, str]) -> str:
     """One CUDA translation unit holding every source of `sources` (tag -> CUDA text), each in its own namespace.
 
     Diagnostics name the tag as their file (`#line 1 "<tag>"`), so a failure is attributed to one candidate.
-    Macros a source defines are #undef'd after it so the next source starts clean.
+    Macros a source defines are #undef'd after it so the next source starts clean (the verifier's build groups
+    merge their members the same way: dice_pipeline.verify.batched_build.merged_unit).
     """
-    includes: list[str] = []
-    bodies: list[str] = []
-    for tag, text in sources.items():
-        for line in _INCLUDE_LINE.findall(text):
-            if line.strip() not in includes:
-                includes.append(line.strip())
-        # Keep line numbers true to the original: replace each include by an empty line rather than deleting it.
-        body = _INCLUDE_LINE.sub("", text)
-        undefs = "".join(f"#undef {name}\n" for name in dict.fromkeys(_DEFINE_NAME.findall(text)))
-        bodies.append(f'namespace {namespace_for(tag)} {{\n#line 1 "{tag}"\n{body}\n}}\n{undefs}')
-    return "\n".join(includes) + "\n\n" + "\n".join(bodies)
+    return merged_unit([(namespace_for(tag), tag, text) for tag, text in sources.items()])
 
 
 def merged_bindings(parts: dict[str, CandidateParts]) -> str:
