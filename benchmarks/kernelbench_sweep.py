@@ -73,6 +73,10 @@ def summarize(rows: list[dict], skipped: list[dict], wall_s: float, config: Veri
     seconds = [(row["provenance"].get("run_seconds"), row["provenance"].get("run_limit_s"), row["task_id"])
                for row in rows if row["provenance"].get("run_seconds") is not None]
     over = [task_id for used, limit, task_id in seconds if limit and used > limit]
+    phases: dict[str, list[float]] = {}
+    for row in rows:
+        for phase, spent in (row["provenance"].get("phase_seconds") or {}).items():
+            phases.setdefault(phase, []).append(spent)
     gpus = gpu_inventory()
     return {
         "tasks_judged": len(rows), "tasks_not_reached": len(skipped), "by_status": by_status,
@@ -87,6 +91,12 @@ def summarize(rows: list[dict], skipped: list[dict], wall_s: float, config: Veri
         "run_seconds_max": max(seconds)[:3:2] if seconds else None,
         "run_seconds_median": statistics.median(used for used, _, _ in seconds) if seconds else None,
         "tasks_over_their_limit": over,
+        # where a task's judgement went (median seconds a phase), and how often a lane needed the whole GPU
+        "phase_seconds_median": {phase: round(statistics.median(v), 3) for phase, v in phases.items()},
+        "whole_gpu_from_the_start": [r["task_id"] for r in rows if r["provenance"].get("whole_gpu_from_the_start")],
+        "judged_again_after_running_out_of_memory": [r["task_id"] for r in rows
+                                                     if r["provenance"].get("first_attempt_out_of_memory")],
+        "gpus_of_rows": sorted({r["provenance"].get("gpu") or "?" for r in rows}),
         "compile_baseline_errors": {r["task_id"]: (r.get("compile_error") or "")[:200] for r in rows
                                     if "compile" in (r.get("baselines") or []) and r["status"] == "measured"
                                     and r.get("compile_ms_gpu") is None},

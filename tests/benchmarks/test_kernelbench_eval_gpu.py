@@ -138,3 +138,25 @@ def test_the_sweep_resumes_from_its_state_and_retries_infrastructure_errors(tmp_
     kept = {row["task_id"]: row["status"] for row in read_state(state)}
     assert kept == {"L1/1_A": "measured"}  # the last row wins; infra errors and not-executed are judged again
     assert read_state(tmp_path / "missing.jsonl") == [] and read_state(None) == []
+
+
+def test_the_sweep_summary_says_where_the_time_went_and_which_gpus_measured():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from kernelbench_sweep import summarize
+
+    from dice_pipeline.verify import VerifyConfig
+
+    rows = []
+    for index, (timing, whole, oom) in enumerate([(4.0, False, False), (6.0, True, False), (9.0, False, True)]):
+        row = _sweep_row(f"L1/{index + 1}_T", lanes=2)
+        row["control_speedup_gpu"] = 1.0
+        row["provenance"] = {"gpu": "H200" if index else "H100", "run_seconds": 10.0 + index, "run_limit_s": 300.0,
+                             "phase_seconds": {"timing": timing, "correctness": 2.0},
+                             **({"whole_gpu_from_the_start": {"input_mb": 6144.0}} if whole else {}),
+                             **({"first_attempt_out_of_memory": {"status": "runtime_error"}} if oom else {})}
+        rows.append(row)
+    summary = summarize(rows, [], 30.0, VerifyConfig(), 2)
+    assert summary["phase_seconds_median"] == {"timing": 6.0, "correctness": 2.0}
+    assert summary["whole_gpu_from_the_start"] == ["L1/2_T"]
+    assert summary["judged_again_after_running_out_of_memory"] == ["L1/3_T"]
+    assert summary["gpus_of_rows"] == ["H100", "H200"] and summary["tasks_over_their_limit"] == []
