@@ -218,3 +218,40 @@ def test_a_lane_takes_the_whole_gpu_from_the_start_when_its_task_will_not_fit_it
     assert not needs_whole_gpu(8 * gib, 1 << 20, h200_third)
     # A 2 GiB convolution (peak 20 GiB) shares the GPU.
     assert not needs_whole_gpu(2 * gib, 2 * gib, h200_third)
+
+
+def test_the_whole_gpu_rule_separates_the_swept_tasks_that_ran_out_of_their_share():
+    # The level-1 rows of the 2026-12-05 sweeps (three lanes on an H200, two on an H100): every task that ran out of
+    # its lane's memory is foreseen, and none that fit is. Outputs are sized on the meta device (nothing allocated).
+    import json
+    from pathlib import Path
+
+    import torch
+
+    from dice_pipeline.paths import kernelbench_tasks_path
+    from dice_pipeline.verify.worker import needs_whole_gpu
+
+    tasks_path = kernelbench_tasks_path()
+    if tasks_path is None or not tasks_path.is_file() or tasks_path.suffix != ".jsonl":
+        pytest.skip("KernelBench's tasks.jsonl is not beside the checkout (DICE_KERNELBENCH_TASKS)")
+    codes = {}
+    for line in tasks_path.read_text().splitlines():
+        task = json.loads(line)
+        codes[f"L{task['level']}/{task['name']}"] = task["code"]
+    root = Path(__file__).resolve().parents[3]
+    sweep = root / "benchmarks/results/kernelbench_l1_sweep_gated_lanes_2026-12-05/sweep_state.jsonl"
+    outcome = {"foreseen": 0, "missed": 0, "needless": 0, "shared": 0}
+    for row in map(json.loads, sweep.read_text().splitlines()):
+        provenance = row["provenance"]
+        total_mb = 143771 if "H200" in provenance["gpu"] else 81559  # nvidia-smi's memory.total of each
+        budget = 0.9 / provenance["gpu_share"]["lanes"] * total_mb * 2**20  # the sweep's lane share
+        namespace: dict = {}
+        exec(compile(codes[row["task_id"]], row["task_id"], "exec"), namespace)  # noqa: S102 - KernelBench's code
+        with torch.device("meta"):
+            output = namespace["Model"](*namespace["get_init_inputs"]())(*namespace["get_inputs"]())
+        outputs = output if isinstance(output, (tuple, list)) else [output]
+        out_bytes = sum(o.numel() * o.element_size() for o in outputs if isinstance(o, torch.Tensor))
+        predicted = needs_whole_gpu(provenance["input_bytes"], out_bytes, budget)
+        ran_out = provenance.get("first_attempt_out_of_memory") is not None
+        outcome[("foreseen" if predicted else "missed") if ran_out else ("needless" if predicted else "shared")] += 1
+    assert outcome == {"foreseen": 23, "missed": 0, "needless": 0, "shared": 53}
