@@ -150,11 +150,19 @@ class SharedGpu:
     holder gets in until it has had its turn, so a timed section waits only for the untimed work already running
     (never for an unending stream of it), and exclusive requests are served in the order they came.
 
+    Whole mode is exclusive use of the GPU *and its memory*, for a judgement too big for its lane's share: a lane
+    holding the gate alone still shares the memory with every lane whose worker is alive, even one that is only
+    waiting for its own timed section. So the lanes' workers are tracked as residents (`holder`, from a worker's
+    first grant until `leave`), and a whole request is granted only when every other resident is itself waiting
+    for whole use (a worker frees its task memory before it asks, worker.py): the residents in mid-task finish
+    their task first, and no new worker starts meanwhile. Whole requests are served in the order they came.
+
     Across processes the group behaves as one holder of the device's lock file (`device_lock`): the first lane
     to hold anything takes it, the last to let go releases it, so another run on this host never times on the
     GPU while our lanes use it. `lock_dir` None = no lock file."""
 
-    SHARED, EXCLUSIVE = "shared", "exclusive"
+    SHARED, EXCLUSIVE, WHOLE = "shared", "exclusive", "whole"
+    MODES = (SHARED, EXCLUSIVE, WHOLE)
 
     def __init__(self, device: int, lock_dir: str | os.PathLike | None = None, poll_s: float = 0.05):
         self.device = device
@@ -162,10 +170,13 @@ class SharedGpu:
         self.poll_s = poll_s
         self._cond = threading.Condition()
         self._readers = 0
-        self._writer = False
+        self._writer = False  # an exclusive or a whole holder
         self._queue: list[object] = []  # exclusive requests waiting, oldest first
+        self._whole_queue: list[tuple[object, object]] = []  # (ticket, holder) of whole requests, oldest first
+        self._residents: set[object] = set()  # holders whose worker may hold GPU memory
         self._fd: int | None = None
         self.exclusive_grants = 0
+        self.whole_grants = 0
 
     def _take_device(self) -> None:
         # Called with the condition held and nothing held by this group: waits for other processes' holders.
@@ -180,26 +191,47 @@ class SharedGpu:
             os.close(self._fd)
             self._fd = None
 
-    def acquire(self, mode: str) -> float:
-        """Wait for `mode` (SHARED or EXCLUSIVE); returns the seconds waited."""
+    def _admitted(self, holder: object) -> bool:
+        """A holder new to the GPU (its worker holds no memory yet) waits while a whole request is queued."""
+        return holder is None or holder in self._residents or not self._whole_queue
+
+    def _whole_ready(self, ticket: object) -> bool:
+        waiting = {h for _, h in self._whole_queue}
+        return (self._whole_queue[0][0] is ticket and not self._writer and self._readers == 0
+                and self._residents <= waiting)
+
+    def acquire(self, mode: str, holder: object = None) -> float:
+        """Wait for `mode` (SHARED, EXCLUSIVE or WHOLE); returns the seconds waited. `holder`: the worker asking
+        (one identity per worker process; None = untracked, e.g. a caller with no worker)."""
+        if mode not in self.MODES:
+            raise ValueError(f"mode must be one of {self.MODES}, got {mode!r}")
         started = time.monotonic()
         with self._cond:
             if mode == self.SHARED:
-                self._cond.wait_for(lambda: not self._writer and not self._queue)
+                self._cond.wait_for(lambda: not self._writer and not self._queue and self._admitted(holder))
                 self._take_device()
                 self._readers += 1
-            elif mode == self.EXCLUSIVE:
-                ticket = object()
-                self._queue.append(ticket)
+            else:
+                queue: list = self._queue if mode == self.EXCLUSIVE else self._whole_queue
+                entry = object() if mode == self.EXCLUSIVE else (object(), holder)
+                ready = ((lambda: queue[0] is entry and not self._writer and self._readers == 0
+                          and self._admitted(holder)) if mode == self.EXCLUSIVE
+                         else (lambda: self._whole_ready(entry[0])))
+                queue.append(entry)
+                self._cond.notify_all()  # a resident now waiting for whole use may be what an earlier one waits for
                 try:
-                    self._cond.wait_for(lambda: self._queue[0] is ticket and not self._writer and self._readers == 0)
+                    self._cond.wait_for(ready)
                 finally:
-                    self._queue.remove(ticket)
+                    queue.remove(entry)
+                    self._cond.notify_all()  # the next in line may be ready now
                 self._take_device()
                 self._writer = True
-                self.exclusive_grants += 1
-            else:
-                raise ValueError(f"mode must be {self.SHARED!r} or {self.EXCLUSIVE!r}, got {mode!r}")
+                if mode == self.EXCLUSIVE:
+                    self.exclusive_grants += 1
+                else:
+                    self.whole_grants += 1
+            if holder is not None:
+                self._residents.add(holder)
         return time.monotonic() - started
 
     def release(self, mode: str) -> None:
@@ -208,18 +240,24 @@ class SharedGpu:
                 if self._readers <= 0:
                     raise RuntimeError("release of a shared hold nobody has")
                 self._readers -= 1
-            elif mode == self.EXCLUSIVE:
+            elif mode in (self.EXCLUSIVE, self.WHOLE):
                 if not self._writer:
-                    raise RuntimeError("release of an exclusive hold nobody has")
+                    raise RuntimeError(f"release of a {mode} hold nobody has")
                 self._writer = False
             else:
-                raise ValueError(f"mode must be {self.SHARED!r} or {self.EXCLUSIVE!r}, got {mode!r}")
+                raise ValueError(f"mode must be one of {self.MODES}, got {mode!r}")
             self._drop_device_if_idle()
             self._cond.notify_all()
 
+    def leave(self, holder: object) -> None:
+        """`holder`'s worker has ended: it holds no GPU memory any more (idempotent)."""
+        with self._cond:
+            self._residents.discard(holder)
+            self._cond.notify_all()
+
     @contextlib.contextmanager
-    def hold(self, mode: str) -> Iterator[float]:
-        waited = self.acquire(mode)
+    def hold(self, mode: str, holder: object = None) -> Iterator[float]:
+        waited = self.acquire(mode, holder)
         try:
             yield waited
         finally:
@@ -227,4 +265,5 @@ class SharedGpu:
 
     def state(self) -> dict[str, int | bool]:
         with self._cond:
-            return {"shared": self._readers, "exclusive": self._writer, "waiting_exclusive": len(self._queue)}
+            return {"shared": self._readers, "exclusive": self._writer, "waiting_exclusive": len(self._queue),
+                    "waiting_whole": len(self._whole_queue), "residents": len(self._residents)}

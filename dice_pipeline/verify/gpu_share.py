@@ -3,13 +3,14 @@
 The parent holds the GPU on the worker's behalf (`dice_pipeline.gpu_pool.SharedGpu`): the worker asks over a pipe
 and waits for the grant. Shared mode covers every untimed use of the GPU (CUDA start-up, input draws, correctness
 trials, the profiler pass, torch.compile's warm-up); exclusive mode covers the timed sections, so a timing never
-overlaps another lane's GPU work. Keeping the lock in the parent, not in a file the worker could open, means a
+overlaps another lane's GPU work; whole mode gives a judgement too big for its lane's memory share the GPU and
+its memory (SharedGpu's docstring). Keeping the lock in the parent, not in a file the worker could open, means a
 candidate cannot take the GPU from the other lanes for longer than its own time limit (the parent releases what a
 dead worker held), and the time a worker spends waiting for the GPU is added to its limit, so no candidate is
 timed out for another's work.
 
-Wire format, one byte each: the worker writes b"S" (shared), b"X" (exclusive) or b"R" (release); the parent answers
-b"G" once the mode asked for is held (a request replaces what the worker held). Standard library only.
+Wire format, one byte each: the worker writes b"S" (shared), b"X" (exclusive), b"W" (whole) or b"R" (release); the
+parent answers b"G" once the mode asked for is held (a request replaces what the worker held). Standard library only.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from collections.abc import Callable, Iterator
 from dice_pipeline.gpu_pool import SharedGpu
 
 ENV_VAR = "DICE_GPU_SHARE_FDS"
-_MODES = {b"S": SharedGpu.SHARED, b"X": SharedGpu.EXCLUSIVE}
+_MODES = {b"S": SharedGpu.SHARED, b"X": SharedGpu.EXCLUSIVE, b"W": SharedGpu.WHOLE}
+_BYTES = {mode: byte for byte, mode in _MODES.items()}
 
 
 class GpuShareServer:
@@ -79,7 +81,7 @@ class GpuShareServer:
                 self._release_held()
                 with self._lock:
                     self._waiting_since = time.monotonic()
-                waited = self.gpu.acquire(mode)
+                waited = self.gpu.acquire(mode, holder=self)
                 with self._lock:
                     self._held = mode
                     self._waiting_since = None
@@ -92,12 +94,14 @@ class GpuShareServer:
             pass
         finally:
             self._release_held()
+            self.gpu.leave(self)  # the worker's end is closed: it has exited and holds no GPU memory
 
     def close(self) -> None:
         """After the worker's whole process group is dead: its ends are closed, so the serving thread sees EOF."""
         if self._thread is not None:
             self._thread.join(timeout=30)
         self._release_held()
+        self.gpu.leave(self)
         for fd in (self._request_r, self._grant_w):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -133,20 +137,21 @@ class GpuShareClient:
             return
         request_w, grant_r = self._fds
         started = time.monotonic()
-        os.write(request_w, b"X" if mode == SharedGpu.EXCLUSIVE else b"S")
+        os.write(request_w, _BYTES[mode])
         os.read(grant_r, 1)  # b"G"; EOF if the parent is gone, and then nobody else is on the GPU either
         self.waits.append(time.monotonic() - started)
         self.mode = mode
 
     def start(self, mode: str = SharedGpu.SHARED) -> None:
-        """Hold `mode` for the worker's GPU work from now on (before CUDA is initialised)."""
+        """Hold `mode` for the worker's GPU work from now on (SHARED or EXCLUSIVE before CUDA is initialised; WHOLE
+        at any time, but only with no task memory held: the grant waits for the other lanes' workers to finish)."""
         self._ask(mode)
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
         """The GPU to this worker alone for the body (a timed section), shared again after. A no-op when the worker
-        holds it exclusively already."""
-        if self.mode == SharedGpu.EXCLUSIVE:
+        holds it exclusively (or whole) already."""
+        if self.mode in (SharedGpu.EXCLUSIVE, SharedGpu.WHOLE):
             yield
             return
         previous = self.mode

@@ -31,6 +31,7 @@ Runtime policy (reason codes; NOTES.md section 3):
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import re
 import statistics
@@ -557,6 +558,16 @@ class CandidateJudge:
         del inputs, again
         self.prepared = True
         return draw_s, call_s
+
+    def release_prepared(self) -> None:
+        """Give back the GPU memory the trusted set-up holds (the reference model, the probe's output, the caching
+        allocator's blocks), before this judgement waits for the GPU's memory whole (worker.py).
+        prepare_reference() again afterwards draws the same inputs: every draw is seeded."""
+        self.ref_model = self.probe = self.init_inputs = None
+        self.prepared = self.draw_on_gpu = False
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
 
     def _build_candidate(self) -> None:
         if self.control:

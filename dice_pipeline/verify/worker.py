@@ -140,6 +140,27 @@ def needs_whole_gpu(input_bytes: int, output_bytes: int, lane_budget_bytes: floa
     return expected_peak_bytes(input_bytes, output_bytes) > lane_budget_bytes
 
 
+def _prepare_reference(judge: Any, config: VerifyConfig, send_limit: bool) -> None:
+    """The judge's trusted set-up (input draw, reference model, probe call); with `send_limit`, the run limit sized
+    from it goes to the parent (always sent, even when the set-up failed). A rejection becomes the judgement's."""
+    from dice_pipeline.verify.harness import Rejection
+
+    limit = None
+    try:
+        with judge.phase("prepare_reference"):
+            draw_s, call_s = judge.prepare_reference()  # trusted code only: no candidate module exists yet
+        if send_limit:
+            limit = _send_run_limit(config, draw_s, call_s)
+            judge.judgement.fields.setdefault("provenance", {}).update(
+                run_limit_s=limit, input_draw_s=round(draw_s, 4), reference_call_s=round(call_s, 6))
+    except Rejection as rejection:
+        judge.judgement.status, judge.judgement.reasons = rejection.status, [rejection.reason]
+        if getattr(rejection, "retry_low_memory", False):
+            judge.judgement.fields["retry_low_memory"] = True
+    if send_limit and limit is None:
+        _send_run_limit(config, 0.0, 0.0)
+
+
 def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scratch: Path) -> dict[str, Any]:
     """The GPU judgement. With request["control"], the reference is judged against itself (measure_references):
     the candidate source is not imported and no profiler pass runs."""
@@ -155,7 +176,8 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
     share = GpuShareClient.from_env(before_release=torch.cuda.synchronize)
     phases: dict[str, float] = {}
     started = time.perf_counter()
-    share.start(SharedGpu.EXCLUSIVE if request.get("gpu_exclusive") else SharedGpu.SHARED)
+    # A retry after running out of memory beside other lanes has the GPU and its memory whole from the start.
+    share.start(SharedGpu.WHOLE if request.get("gpu_exclusive") else SharedGpu.SHARED)
     phases["gpu_wait_at_start"] = round(time.perf_counter() - started, 4)
     if not torch.cuda.is_available():
         return {"status": "runtime_error", "reason": {"code": "no_gpu_in_worker", "stage": "correctness",
@@ -176,35 +198,30 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
     judge = CandidateJudge(reference, None, config, guard, list(request.get("static_kernel_names", [])),
                            control=control, gpu_share=share)
     judge.phase_seconds.update(phases)
-    limit = None
-    try:
-        with judge.phase("prepare_reference"):
-            draw_s, call_s = judge.prepare_reference()  # trusted code only: no candidate module exists yet
-        limit = _send_run_limit(config, draw_s, call_s)
-        judge.judgement.fields.setdefault("provenance", {}).update(
-            run_limit_s=limit, input_draw_s=round(draw_s, 4), reference_call_s=round(call_s, 6))
-    except Rejection as rejection:
-        judge.judgement.status, judge.judgement.reasons = rejection.status, [rejection.reason]
-        if getattr(rejection, "retry_low_memory", False):
-            judge.judgement.fields["retry_low_memory"] = True
-    if limit is None:
-        _send_run_limit(config, 0.0, 0.0)
+    _prepare_reference(judge, config, send_limit=True)
     exclusive_fraction = request.get("exclusive_memory_fraction")
-    if judge.prepared and share.active and share.mode != SharedGpu.EXCLUSIVE and fraction and exclusive_fraction:
+    if judge.prepared and share.active and share.mode == SharedGpu.SHARED and fraction and exclusive_fraction:
         from dice_pipeline.verify.harness import output_bytes
 
         total = torch.cuda.get_device_properties(0).total_memory
         input_bytes = judge.judgement.fields.get("provenance", {}).get("input_bytes") or 0
         out_bytes = output_bytes([judge.probe])  # the reference's output, from the trusted probe call
         if needs_whole_gpu(input_bytes, out_bytes, fraction * total):
+            # Whole use of the GPU is granted once the other lanes' workers hold no task memory; this worker holds
+            # none while it waits either (two lanes both waiting with their tensors would starve each other), and
+            # prepares the same inputs again afterwards (seeded draws). Trusted code only: no candidate module yet.
+            judge.release_prepared()
             with judge.phase("gpu_wait_for_whole_gpu"):
-                share.start(SharedGpu.EXCLUSIVE)  # trusted code so far: no candidate module exists yet
+                share.start(SharedGpu.WHOLE)
             torch.cuda.set_per_process_memory_fraction(exclusive_fraction)
             whole_gpu = {"input_mb": round(input_bytes / 2**20, 1), "output_mb": round(out_bytes / 2**20, 1),
                          "expected_peak_mb": round(expected_peak_bytes(input_bytes, out_bytes) / 2**20, 1),
-                         "lane_budget_mb": round(fraction * total / 2**20, 1), "memory_fraction": exclusive_fraction}
+                         "lane_budget_mb": round(fraction * total / 2**20, 1), "memory_fraction": exclusive_fraction,
+                         "memory_held_while_waiting_mb": round(torch.cuda.memory_reserved() / 2**20, 1)}
             judge.judgement.fields.setdefault("provenance", {})["whole_gpu_from_the_start"] = whole_gpu
             fraction = exclusive_fraction
+            with judge.phase("prepare_reference_whole_gpu"):
+                _prepare_reference(judge, config, send_limit=False)
     if judge.prepared:
         if not control:
             try:
@@ -232,7 +249,7 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
     provenance["phase_seconds"] = {**provenance.get("phase_seconds", {}), **judge.phase_seconds}
     if share.active:
         provenance["gpu_share"] = {**share.summary(), "lanes": request.get("gpu_lanes"),
-                                   "whole_run_exclusive": share.mode == SharedGpu.EXCLUSIVE,
+                                   "whole_run_exclusive": share.mode == SharedGpu.WHOLE,
                                    "memory_fraction": fraction, "timed_alone": True}
     provenance.update(
         gpu=props.name, compute_capability=f"{props.major}.{props.minor}", torch=torch.__version__,

@@ -50,7 +50,8 @@ def test_shared_holds_overlap_and_an_exclusive_one_waits_for_them(tmp_path):
     gpu = SharedGpu(0, lock_dir=tmp_path / "locks")
     gpu.acquire(SharedGpu.SHARED)
     gpu.acquire(SharedGpu.SHARED)  # two lanes' untimed work side by side
-    assert gpu.state() == {"shared": 2, "exclusive": False, "waiting_exclusive": 0}
+    assert gpu.state() == {"shared": 2, "exclusive": False, "waiting_exclusive": 0,
+                            "waiting_whole": 0, "residents": 0}
     assert _try_lock(tmp_path / "locks", 0) is None  # another process cannot take the GPU meanwhile
     granted = threading.Event()
     waiter = threading.Thread(target=lambda: (gpu.acquire(SharedGpu.EXCLUSIVE), granted.set()))
@@ -138,7 +139,8 @@ def test_worker_processes_time_alone_and_share_the_rest(tmp_path):
     for result, payload in results.values():
         assert payload["summary"]["lanes_shared"] is True and payload["summary"]["gate_requests"] == 3
     assert sum(result.gpu_wait_s for result, _ in results.values()) > 0.2  # someone waited for a timed section
-    assert gpu.state() == {"shared": 0, "exclusive": False, "waiting_exclusive": 0}
+    assert gpu.state() == {"shared": 0, "exclusive": False, "waiting_exclusive": 0,
+                            "waiting_whole": 0, "residents": 0}
     assert _try_lock(tmp_path / "locks", 0) is not None
 
 
@@ -159,7 +161,8 @@ def test_a_worker_killed_while_timing_gives_the_gpu_back(tmp_path):
     hung = LANE_WORKER.format(untimed=0.0, timed=600)
     result, payload = _run_lane(tmp_path, "hung", gpu, hung, timeout_s=1.0)
     assert result.timed_out and payload is None
-    assert gpu.state() == {"shared": 0, "exclusive": False, "waiting_exclusive": 0}
+    assert gpu.state() == {"shared": 0, "exclusive": False, "waiting_exclusive": 0,
+                            "waiting_whole": 0, "residents": 0}
     result, payload = _run_lane(tmp_path, "next", gpu, LANE_WORKER.format(untimed=0.0, timed=0.0))
     assert result.returncode == 0 and payload["summary"]["gate_requests"] == 3
 
@@ -255,3 +258,132 @@ def test_the_whole_gpu_rule_separates_the_swept_tasks_that_ran_out_of_their_shar
         ran_out = provenance.get("first_attempt_out_of_memory") is not None
         outcome[("foreseen" if predicted else "missed") if ran_out else ("needless" if predicted else "shared")] += 1
     assert outcome == {"foreseen": 23, "missed": 0, "needless": 0, "shared": 53}
+
+
+# --- whole use: the GPU and its memory, granted only when no other lane's worker holds task memory ---------------
+def _in_thread(fn) -> tuple[threading.Thread, threading.Event]:
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (fn(), done.set()), daemon=True)
+    thread.start()
+    return thread, done
+
+
+def test_a_whole_request_waits_for_a_resident_that_only_waits_for_its_timed_section():
+    """The sweep's out-of-memory case: lane A needs the whole GPU while lane B's worker is in mid-task. Holding the
+    gate alone is not enough (B's tensors stay resident while B waits), so A waits until B's worker has ended; B's
+    own timed section and its return to shared use go ahead meanwhile."""
+    gpu = SharedGpu(0, lock_dir=None)
+    a, b = object(), object()
+    gpu.acquire(SharedGpu.SHARED, holder=a)
+    gpu.acquire(SharedGpu.SHARED, holder=b)
+    gpu.release(SharedGpu.SHARED)  # A frees its share and asks for the whole GPU
+    _, whole = _in_thread(lambda: gpu.acquire(SharedGpu.WHOLE, holder=a))
+    time.sleep(0.1)
+    assert not whole.is_set() and gpu.state()["waiting_whole"] == 1
+    gpu.release(SharedGpu.SHARED)  # B: its timed section, alone
+    _, timed = _in_thread(lambda: gpu.acquire(SharedGpu.EXCLUSIVE, holder=b))
+    assert timed.wait(2) and not whole.is_set()  # the exclusive gate alone is not A's grant
+    gpu.release(SharedGpu.EXCLUSIVE)
+    _, back = _in_thread(lambda: gpu.acquire(SharedGpu.SHARED, holder=b))
+    assert back.wait(2)  # a resident goes on with its task although a whole request is queued
+    time.sleep(0.1)
+    assert not whole.is_set()
+    gpu.release(SharedGpu.SHARED)
+    time.sleep(0.1)
+    assert not whole.is_set()  # B's worker is still alive (its memory too) until it leaves
+    gpu.leave(b)
+    assert whole.wait(2) and gpu.whole_grants == 1
+    gpu.release(SharedGpu.WHOLE)
+    gpu.leave(a)
+    assert gpu.state() == {"shared": 0, "exclusive": False, "waiting_exclusive": 0, "waiting_whole": 0,
+                           "residents": 0}
+
+
+def test_a_new_worker_waits_while_a_whole_request_is_queued_and_held():
+    gpu = SharedGpu(0, lock_dir=None)
+    a, b, c = object(), object(), object()
+    gpu.acquire(SharedGpu.SHARED, holder=b)
+    _, whole = _in_thread(lambda: gpu.acquire(SharedGpu.WHOLE, holder=a))
+    time.sleep(0.05)
+    _, newcomer = _in_thread(lambda: gpu.acquire(SharedGpu.SHARED, holder=c))
+    _, newcomer_timed = _in_thread(lambda: gpu.acquire(SharedGpu.EXCLUSIVE, holder=object()))
+    time.sleep(0.1)
+    assert not newcomer.is_set() and not newcomer_timed.is_set()  # no new task memory on the GPU meanwhile
+    gpu.release(SharedGpu.SHARED)
+    gpu.leave(b)
+    assert whole.wait(2) and not newcomer.is_set()
+    gpu.release(SharedGpu.WHOLE)
+    gpu.leave(a)
+    assert newcomer_timed.wait(2) and not newcomer.is_set()  # writers first, as ever
+    gpu.release(SharedGpu.EXCLUSIVE)
+    assert newcomer.wait(2)
+
+
+def test_two_lanes_asking_for_the_whole_gpu_at_once_take_turns():
+    """Both lanes' next tasks are big: each frees its memory and asks; the first asked goes first, the second
+    after the first's worker ends (no deadlock of two residents waiting for each other)."""
+    gpu = SharedGpu(0, lock_dir=None)
+    a, b = object(), object()
+    gpu.acquire(SharedGpu.SHARED, holder=a)
+    gpu.acquire(SharedGpu.SHARED, holder=b)
+    gpu.release(SharedGpu.SHARED)
+    order: list[str] = []
+    _, first = _in_thread(lambda: (gpu.acquire(SharedGpu.WHOLE, holder=a), order.append("a")))
+    time.sleep(0.05)
+    gpu.release(SharedGpu.SHARED)
+    _, second = _in_thread(lambda: (gpu.acquire(SharedGpu.WHOLE, holder=b), order.append("b")))
+    assert first.wait(2)
+    time.sleep(0.1)
+    assert not second.is_set()
+    gpu.release(SharedGpu.WHOLE)
+    time.sleep(0.1)
+    assert not second.is_set()  # A's worker is still alive
+    gpu.leave(a)
+    assert second.wait(2) and order == ["a", "b"]
+    gpu.release(SharedGpu.WHOLE)
+    gpu.leave(b)
+
+
+WHOLE_WORKER = """
+import json, sys, time
+from dice_pipeline.gpu_pool import SharedGpu
+from dice_pipeline.verify.gpu_share import GpuShareClient
+client = GpuShareClient.from_env()
+client.start()
+time.sleep({before})
+client.start(SharedGpu.WHOLE)
+t = time.monotonic(); time.sleep(0.3); spans = [["whole", t, time.monotonic()]]
+with client.exclusive():  # a timed section inside whole use needs no other grant
+    pass
+open(sys.argv[1], "w").write(json.dumps({{"spans": spans, "summary": client.summary()}}))
+"""
+
+
+def test_worker_processes_whole_use_overlaps_no_other_workers_life(tmp_path):
+    """Through the sandbox: the whole span overlaps no span of a lane whose worker was alive when it asked, nor of
+    one that started after, and the server forgets each worker once it exits."""
+    gpu = SharedGpu(0, lock_dir=tmp_path / "locks")
+    results: dict[str, tuple] = {}
+
+    def lane(name: str, code: str, delay: float = 0.0) -> threading.Thread:
+        def run() -> None:
+            time.sleep(delay)
+            results[name] = _run_lane(tmp_path, name, gpu, code)
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    threads = [lane("small", LANE_WORKER.format(untimed=0.8, timed=0.2)),
+               lane("big", WHOLE_WORKER.format(before=0.3)),
+               lane("later", LANE_WORKER.format(untimed=0.1, timed=0.1), delay=1.0)]
+    for thread in threads:
+        thread.join(timeout=60)
+    assert all(result.returncode == 0 and not result.timed_out for result, _ in results.values())
+    [whole] = results["big"][1]["spans"]
+    for name in ("small", "later"):
+        spans = results[name][1]["spans"]
+        life = ["life", spans[0][1], spans[-1][2]]
+        assert not _overlap(whole, life), name
+    assert whole[1] > results["small"][1]["spans"][-1][2]  # it waited for the small lane's worker to finish
+    assert results["big"][1]["summary"]["gate_requests"] == 2
+    assert gpu.whole_grants == 1 and gpu.state()["residents"] == 0

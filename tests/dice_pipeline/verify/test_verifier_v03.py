@@ -433,3 +433,15 @@ def test_infrastructure_errors_are_not_stored(tmp_path):
     verdict = Verdict(status=Status.INFRASTRUCTURE_ERROR, reasons=[Reason("harness_out_of_memory", "x")],
                       provenance={"gpu": "NVIDIA H200"})
     assert not store.put(VerifyJob("j", "r", "c"), VerifyConfig(), verdict)
+
+
+def test_released_set_up_is_prepared_again_with_the_same_inputs_and_probe():
+    """Before waiting for the whole GPU a worker gives back what the trusted set-up holds (worker.py); preparing
+    again afterwards must see the very same seeded inputs and reference output."""
+    judge = _judge(None)
+    judge.prepare_reference()
+    probe = judge.probe.clone()
+    judge.release_prepared()
+    assert not judge.prepared and judge.probe is None and judge.ref_model is None
+    judge.prepare_reference()
+    assert judge.prepared and torch.equal(judge.probe, probe)

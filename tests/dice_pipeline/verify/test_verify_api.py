@@ -318,7 +318,8 @@ def test_several_lanes_judge_every_job_through_the_shared_gpu(config, monkeypatc
     # each worker asked the parent for the GPU (its wait is recorded), and nothing is held after the batch
     assert all("gpu_wait_s" in v.provenance for v in verdicts)
     (run,) = runs
-    assert run.shared_gpus[0].state() == {"shared": 0, "exclusive": False, "waiting_exclusive": 0}
+    assert run.shared_gpus[0].state() == {"shared": 0, "exclusive": False, "waiting_exclusive": 0,
+                            "waiting_whole": 0, "residents": 0}
     assert run.lane_memory_fraction() == pytest.approx(0.2)
 
 
