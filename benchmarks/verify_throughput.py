@@ -3,7 +3,7 @@ KernelBench-style pipeline judging the same candidates with KernelBench's checks
 cold builds, 5 allclose trials at 1e-2, 100 timed trials with CUDA events). Run on a GPU host:
 
     python benchmarks/verify_throughput.py --out DIR [--candidates seed+structures] [--baseline parallel]
-                                           [--lanes 2] [--batch-size 8]
+                                           [--lanes 2] [--batch-size 8] [--timing-max-samples 100]
 
 Baselines: "parallel" (the strongest plain one) builds every candidate at once on every core, each in a fresh
 process and extension folder, then judges them one at a time in fresh processes that load the built extensions;
@@ -204,6 +204,9 @@ def main() -> int:
     parser.add_argument("--baseline-subset", type=int, default=3, help="pairs the serial baseline judges")
     parser.add_argument("--lanes", type=int, default=1, help="our judging lanes a GPU (VerifyConfig.gpu_lanes)")
     parser.add_argument("--batch-size", type=int, default=8, help="our build groups (VerifyConfig.build_batch_size)")
+    parser.add_argument("--timing-max-samples", type=int, default=None,
+                        help="our timed reference/candidate pairs at most (VerifyConfig.timing_max_samples; default "
+                             "the config's). 100 = the baseline's 100 timed candidate calls")
     parser.add_argument("--verdict-store", default=None,
                         help="also put our verdicts in this verdict store (default OUT/verdict_store)")
     parser.add_argument("--baseline-worker", help=argparse.SUPPRESS)
@@ -228,8 +231,9 @@ def main() -> int:
     store_dir = Path(args.verdict_store or out / "verdict_store")
     if store_dir.exists() and any(store_dir.rglob("*.json")):
         parser.error(f"{store_dir} already holds verdicts: the benchmark needs an empty store")
+    timing = {} if args.timing_max_samples is None else {"timing_max_samples": args.timing_max_samples}
     config = VerifyConfig(build_cache_dir=cache_dir, verdict_store_dir=str(store_dir), gpu_lanes=args.lanes,
-                          build_batch_size=args.batch_size)
+                          build_batch_size=args.batch_size, **timing)
     jobs = [VerifyJob(p["uuid"], p["pytorch_code"], p["generated_code"]) for p in pairs]
     start = time.perf_counter()
     uuid_to_name = {p["uuid"]: p["problem_name"] for p in pairs}
@@ -275,6 +279,8 @@ def main() -> int:
         "time": verdicts[0].provenance.get("time"), "candidates_set": args.candidates,
         "ours": {"candidates": len(jobs), "wall_seconds": ours_wall, "per_minute": len(jobs) / ours_wall * 60,
                  "gpu_lanes": args.lanes, "build_batch_size": args.batch_size,
+                 "timing_samples": [config.timing_samples, config.timing_max_samples],
+                 "timing_budget_s": config.timing_budget_s,
                  "cold_build_seconds_median": statistics.median(cold) if cold else None,
                  "cold_build_seconds_min": min(cold) if cold else None,
                  "cache_hit_build_seconds": hit.compile_seconds, "cache_hit_call_wall_seconds": hit_wall,
