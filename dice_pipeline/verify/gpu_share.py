@@ -94,14 +94,15 @@ class GpuShareServer:
             pass
         finally:
             self._release_held()
-            self.gpu.leave(self)  # the worker's end is closed: it has exited and holds no GPU memory
+            # Not gpu.leave() yet: the pipe closes as the worker exits, before its process group is reaped and the
+            # driver has freed its memory; close() says it left.
 
     def close(self) -> None:
         """After the worker's whole process group is dead: its ends are closed, so the serving thread sees EOF."""
         if self._thread is not None:
             self._thread.join(timeout=30)
         self._release_held()
-        self.gpu.leave(self)
+        self.gpu.leave(self)  # its whole process group is gone: it holds no GPU memory
         for fd in (self._request_r, self._grant_w):
             with contextlib.suppress(OSError):
                 os.close(fd)

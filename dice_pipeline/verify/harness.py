@@ -453,6 +453,10 @@ class CandidateJudge:
         self.draw_on_gpu = False
         self.probe: Any = None
         self.prepared = False
+        # GPU bytes one reference call needs beyond its inputs and its output (its clone of the inputs and its
+        # temporaries), measured on the probe call: part of the judgement's expected peak (worker.needs_whole_gpu).
+        self.reference_workspace_bytes = 0
+        self._peak_floor_bytes = 0  # the allocator's peak before the probe's measurement reset it
         # Harness-owned references, taken before candidate code could patch the modules they live in.
         self._synchronize = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         self._event = torch.cuda.Event
@@ -551,7 +555,17 @@ class CandidateJudge:
         inputs = self._inputs(cfg.seed - 1)  # the probe's draw, made the chosen way, sizes the limit too
         self._synchronize()
         draw_s = self._perf_counter() - started
+        measure = self.device.type == "cuda"
+        if measure:
+            self._peak_floor_bytes = max(self._peak_floor_bytes, torch.cuda.max_memory_allocated(self.device))
+            before = torch.cuda.memory_allocated(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
         self.probe = self._call_reference(inputs, cfg.seed - 1)
+        if measure:
+            self.reference_workspace_bytes = max(
+                0, torch.cuda.max_memory_allocated(self.device) - before - output_bytes([self.probe]))
+            self.judgement.fields.setdefault("provenance", {})["reference_workspace_bytes"] = \
+                self.reference_workspace_bytes
         started = self._perf_counter()
         again = self._call_reference(inputs, cfg.seed - 1)
         call_s = self._perf_counter() - started
@@ -1108,7 +1122,8 @@ class CandidateJudge:
             self.judgement.fields.setdefault("provenance", {})["phase_seconds"] = dict(self.phase_seconds)
             try:
                 if self.device.type == "cuda":
-                    self.judgement.fields["peak_gpu_memory_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+                    peak = max(torch.cuda.max_memory_allocated(self.device), self._peak_floor_bytes)
+                    self.judgement.fields["peak_gpu_memory_mb"] = peak / 2**20
             except Exception:  # noqa: BLE001 - a poisoned context cannot report; the verdict goes on without it
                 pass
         return self.judgement

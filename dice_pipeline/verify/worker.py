@@ -16,6 +16,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from dice_pipeline.gpu_pool import SharedGpu
@@ -121,23 +122,47 @@ def _send_run_limit(config: VerifyConfig, draw_s: float, call_s: float) -> float
 
 # The judgement's peak GPU memory, as a multiple of the task's input and output bytes: the inputs, their pristine
 # clone and a fresh draw (3x); the reference's and two candidate outputs, earlier outputs kept for the stale-result
-# check and the comparison's chunks (about 5.5x); plus the CUDA context and library workspaces. On the level-1
-# tasks whose outputs are as large as their inputs the peak was 8.25x the inputs (sweeps of 2026-12-05,
-# benchmarks/RESULTS.md).
+# check and the comparison's chunks (about 5.5x); what one model call needs beyond its inputs and output (its clone
+# of the inputs and its temporaries: the reference's, measured on the probe call, 1x); plus the CUDA context and
+# library workspaces. On the level-1 tasks whose outputs are as large as their inputs the peak was 8.25x the inputs;
+# the call's workspace was added after cumsum-style and loss tasks (temporaries as large as the input, scalar
+# outputs) ran out of their share (sweeps of 2026-12-05, benchmarks/RESULTS.md).
 PEAK_PER_INPUT_BYTE = 3.0
 PEAK_PER_OUTPUT_BYTE = 5.5
+PEAK_PER_WORKSPACE_BYTE = 1.0
 PEAK_OVERHEAD_BYTES = 1 << 30
+# How long a worker granted the whole GPU waits for the memory to be free in fact: the driver frees a finished
+# worker's memory a little after its process has gone.
+WHOLE_GPU_MEMORY_WAIT_S = 30.0
 
 
-def expected_peak_bytes(input_bytes: int, output_bytes: int) -> float:
-    return PEAK_PER_INPUT_BYTE * input_bytes + PEAK_PER_OUTPUT_BYTE * output_bytes + PEAK_OVERHEAD_BYTES
+def expected_peak_bytes(input_bytes: int, output_bytes: int, workspace_bytes: int = 0) -> float:
+    return (PEAK_PER_INPUT_BYTE * input_bytes + PEAK_PER_OUTPUT_BYTE * output_bytes
+            + PEAK_PER_WORKSPACE_BYTE * workspace_bytes + PEAK_OVERHEAD_BYTES)
 
 
-def needs_whole_gpu(input_bytes: int, output_bytes: int, lane_budget_bytes: float) -> bool:
+def needs_whole_gpu(input_bytes: int, output_bytes: int, lane_budget_bytes: float, workspace_bytes: int = 0) -> bool:
     """Whether a judgement sharing its GPU with other lanes should have the GPU and its memory to itself from the
     start: its expected peak does not fit its lane's share of the memory, where it would run out and be judged
     again alone (the time of that first attempt is saved)."""
-    return expected_peak_bytes(input_bytes, output_bytes) > lane_budget_bytes
+    return expected_peak_bytes(input_bytes, output_bytes, workspace_bytes) > lane_budget_bytes
+
+
+def wait_for_free_memory(needed_bytes: float, mem_get_info: Callable[[], tuple[int, int]],
+                         timeout_s: float = WHOLE_GPU_MEMORY_WAIT_S, poll_s: float = 0.1,
+                         clock: Callable[[], float] = time.monotonic,
+                         sleep: Callable[[float], None] = time.sleep) -> dict[str, float | bool]:
+    """After the whole GPU is granted: wait until the device reports `needed_bytes` free (memory other processes
+    still hold, a finished worker's included, is not ours to use), at most `timeout_s`. Says what it saw; the
+    judgement goes on either way (an out-of-memory then is still the verifier's, retried with less state)."""
+    started = clock()
+    while True:
+        free, total = mem_get_info()
+        enough = free >= needed_bytes
+        if enough or clock() - started >= timeout_s:
+            return {"free_mb": round(free / 2**20, 1), "needed_mb": round(needed_bytes / 2**20, 1),
+                    "waited_s": round(clock() - started, 3), "enough": enough}
+        sleep(poll_s)
 
 
 def _prepare_reference(judge: Any, config: VerifyConfig, send_limit: bool) -> None:
@@ -206,7 +231,8 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
         total = torch.cuda.get_device_properties(0).total_memory
         input_bytes = judge.judgement.fields.get("provenance", {}).get("input_bytes") or 0
         out_bytes = output_bytes([judge.probe])  # the reference's output, from the trusted probe call
-        if needs_whole_gpu(input_bytes, out_bytes, fraction * total):
+        workspace = judge.reference_workspace_bytes
+        if needs_whole_gpu(input_bytes, out_bytes, fraction * total, workspace):
             # Whole use of the GPU is granted once the other lanes' workers hold no task memory; this worker holds
             # none while it waits either (two lanes both waiting with their tensors would starve each other), and
             # prepares the same inputs again afterwards (seeded draws). Trusted code only: no candidate module yet.
@@ -214,8 +240,13 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
             with judge.phase("gpu_wait_for_whole_gpu"):
                 share.start(SharedGpu.WHOLE)
             torch.cuda.set_per_process_memory_fraction(exclusive_fraction)
+            expected = expected_peak_bytes(input_bytes, out_bytes, workspace)
+            with judge.phase("gpu_wait_for_free_memory"):
+                free_memory = wait_for_free_memory(min(expected, exclusive_fraction * total),
+                                                   torch.cuda.mem_get_info)
             whole_gpu = {"input_mb": round(input_bytes / 2**20, 1), "output_mb": round(out_bytes / 2**20, 1),
-                         "expected_peak_mb": round(expected_peak_bytes(input_bytes, out_bytes) / 2**20, 1),
+                         "reference_workspace_mb": round(workspace / 2**20, 1),
+                         "expected_peak_mb": round(expected / 2**20, 1), "free_memory_at_start": free_memory,
                          "lane_budget_mb": round(fraction * total / 2**20, 1), "memory_fraction": exclusive_fraction,
                          "memory_held_while_waiting_mb": round(torch.cuda.memory_reserved() / 2**20, 1)}
             judge.judgement.fields.setdefault("provenance", {})["whole_gpu_from_the_start"] = whole_gpu

@@ -387,3 +387,59 @@ def test_worker_processes_whole_use_overlaps_no_other_workers_life(tmp_path):
     assert whole[1] > results["small"][1]["spans"][-1][2]  # it waited for the small lane's worker to finish
     assert results["big"][1]["summary"]["gate_requests"] == 2
     assert gpu.whole_grants == 1 and gpu.state()["residents"] == 0
+
+
+def test_a_reference_call_s_workspace_counts_toward_the_whole_gpu_rule():
+    """The 2026-12-05 H100 sweep (two lanes): HuberLoss (8 GiB in, a scalar out) and the cumsum variants (4 GiB in
+    and out) ran out of their share because their reference calls hold temporaries as large as the input. With
+    the probe call's measured workspace (its input clone and temporaries) they are foreseen."""
+    from dice_pipeline.verify.worker import needs_whole_gpu
+
+    gib = 2**30
+    h100_half = 0.45 * 81559 * 2**20
+    assert not needs_whole_gpu(8 * gib, 4, h100_half)  # the rule without the workspace missed HuberLoss
+    assert needs_whole_gpu(8 * gib, 4, h100_half, workspace_bytes=12 * gib)
+    assert not needs_whole_gpu(4 * gib, 4 * gib, h100_half)  # nor exclusive cumsum
+    assert needs_whole_gpu(4 * gib, 4 * gib, h100_half, workspace_bytes=8 * gib)
+    # A task whose call needs little beyond its input and output still shares the GPU.
+    assert not needs_whole_gpu(2 * gib, 2 * gib, h100_half, workspace_bytes=2 * gib)
+
+
+def test_whole_use_waits_until_the_device_reports_the_memory_free():
+    from dice_pipeline.verify.worker import wait_for_free_memory
+
+    gib = 2**30
+    now = [0.0]
+    frees = iter([10 * gib, 20 * gib, 60 * gib])  # a finished worker's memory being freed by the driver
+    seen = wait_for_free_memory(50 * gib, lambda: (next(frees), 80 * gib), timeout_s=30, poll_s=0.5,
+                                clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    assert seen == {"free_mb": 60 * 1024, "needed_mb": 50 * 1024, "waited_s": 1.0, "enough": True}
+    now[0] = 0.0
+    held = wait_for_free_memory(50 * gib, lambda: (10 * gib, 80 * gib), timeout_s=2, poll_s=0.5,
+                                clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s))
+    assert held["enough"] is False and held["waited_s"] == 2.0  # it gives up and says so
+
+
+def test_a_worker_leaves_the_residents_only_once_its_process_is_reaped():
+    """The pipe closes as a worker exits, before the driver has freed its memory: the server releases the gate on
+    EOF, but the worker stays a resident (whole requests keep waiting) until close(), which the sandbox calls after
+    the process group is dead."""
+    import os
+
+    from dice_pipeline.verify.gpu_share import GpuShareServer
+
+    gpu = SharedGpu(0, lock_dir=None)
+    server = GpuShareServer(gpu)
+    request_w, grant_r = (os.dup(fd) for fd in server.child_fds())
+    server.start()
+    os.write(request_w, b"S")
+    assert os.read(grant_r, 1) == b"G"
+    assert gpu.state()["residents"] == 1 and gpu.state()["shared"] == 1
+    os.close(request_w)  # the worker exits
+    os.close(grant_r)
+    deadline = time.monotonic() + 5
+    while gpu.state()["shared"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gpu.state()["shared"] == 0 and gpu.state()["residents"] == 1
+    server.close()
+    assert gpu.state()["residents"] == 0

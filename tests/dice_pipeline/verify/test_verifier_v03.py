@@ -445,3 +445,26 @@ def test_released_set_up_is_prepared_again_with_the_same_inputs_and_probe():
     assert not judge.prepared and judge.probe is None and judge.ref_model is None
     judge.prepare_reference()
     assert judge.prepared and torch.equal(judge.probe, probe)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU; run on the GPU host")
+def test_the_probe_call_measures_the_reference_s_workspace_on_the_gpu():
+    """cumsum_reverse-style: flip, cumsum, flip. The call holds its input clone and two temporaries beside the
+    output; the measured workspace feeds the whole-GPU rule (worker.needs_whole_gpu)."""
+    source = """
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.cumsum(x.flip(0), 0).flip(0)
+def get_inputs():
+    return [torch.rand(4096, 4096)]
+def get_init_inputs():
+    return []
+"""
+    reference = _module("reference_workspace_module", source)
+    judge = CandidateJudge(reference, None, VerifyConfig(), RuntimeGuard(), [], device=torch.device("cuda"))
+    judge.prepare_reference()
+    mb64 = 4096 * 4096 * 4
+    assert judge.reference_workspace_bytes >= 2 * mb64
+    assert judge.judgement.fields["provenance"]["reference_workspace_bytes"] == judge.reference_workspace_bytes
