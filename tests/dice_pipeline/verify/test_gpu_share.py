@@ -443,3 +443,24 @@ def test_a_worker_leaves_the_residents_only_once_its_process_is_reaped():
     assert gpu.state()["shared"] == 0 and gpu.state()["residents"] == 1
     server.close()
     assert gpu.state()["residents"] == 0
+
+
+def test_the_measured_workspace_foresees_the_h100_rows_that_ran_out_of_their_share():
+    """The evening H100 sweep's second run (two lanes): every task it took whole was foreseen with the reference
+    call's measured workspace, and the three whose temporaries the input/output estimate left out (the cumsum
+    variants and HuberLoss, which ran out of their share in the run before) are not foreseen without it."""
+    import json
+
+    from dice_pipeline.verify.worker import needs_whole_gpu
+
+    root = Path(__file__).resolve().parents[3]
+    rows = root / "benchmarks/results/kernelbench_l1_sweep_h100_2026-12-05_evening/run2_rows.jsonl"
+    budget = 0.45 * 81559 * 2**20  # nvidia-smi's memory.total of the H100, 0.9 split between two lanes
+    without_workspace = []
+    for row in map(json.loads, rows.read_text().splitlines()):
+        whole = row["provenance"]["whole_gpu_from_the_start"]
+        input_bytes, out_bytes = row["provenance"]["input_bytes"], int(whole["output_mb"] * 2**20)
+        assert needs_whole_gpu(input_bytes, out_bytes, budget, row["provenance"]["reference_workspace_bytes"])
+        if not needs_whole_gpu(input_bytes, out_bytes, budget):
+            without_workspace.append(row["task_id"])
+    assert sorted(without_workspace) == ["L1/91_cumsum_reverse", "L1/92_cumsum_exclusive", "L1/96_HuberLoss"]
