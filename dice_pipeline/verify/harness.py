@@ -474,6 +474,17 @@ class CandidateJudge:
         finally:
             self.phase_seconds[name] = round(self.phase_seconds.get(name, 0.0) + self._perf_counter() - started, 4)
 
+    @contextlib.contextmanager
+    def alone(self, name: str) -> Iterator[None]:
+        """The body with the GPU to this worker alone (a timed section): its wall seconds are phase `name`, the wait
+        for the GPU before it is phase `gpu_wait_for_<name>` (kept apart: with several lanes that wait is the other
+        lanes' timed work, not this judgement's)."""
+        with contextlib.ExitStack() as stack:
+            with self.phase(f"gpu_wait_for_{name}"):
+                stack.enter_context(self.gpu_share.exclusive())
+            with self.phase(name):
+                yield
+
     # -- inputs ---------------------------------------------------------------------------------------------------
     def _inputs(self, seed: int) -> list[Any]:
         torch.manual_seed(seed)
@@ -1034,7 +1045,7 @@ class CandidateJudge:
         """Build and warm each of config.extra_baselines (untimed: torch.compile's compile runs here, beside other
         lanes), then time them with the GPU alone."""
         prepared = self.prepare_extra_baselines()
-        with self.gpu_share.exclusive():
+        with self.alone("extra_baselines_timing"):
             self.time_extra_baselines(prepared)
 
     def prepare_extra_baselines(self) -> dict[str, Any]:
@@ -1093,7 +1104,7 @@ class CandidateJudge:
                         self.run_profiler_check()
                 if with_timing:
                     stage = "timing"
-                    with self.phase("timing"), self.gpu_share.exclusive():
+                    with self.alone("timing"):
                         self.run_timing()
                     if self.config.extra_baselines:
                         with self.phase("extra_baselines"):

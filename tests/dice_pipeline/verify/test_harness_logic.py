@@ -4,6 +4,7 @@ that decides when timing stops. The GPU stages themselves run in test_gpu_verifi
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 import torch
@@ -180,6 +181,7 @@ def _judge_without_gpu(model, baselines, timed_ms: float) -> CandidateJudge:
     judge.judgement = Judgement(fields={"candidate_timing": timing_stats([2.0] * 5)})
     judge._synchronize = lambda: None
     judge._event = lambda enable_timing: None
+    judge._perf_counter, judge.phase_seconds = time.perf_counter, {}
     judge._inputs = lambda seed: [torch.randn(8, 8)]
     judge.outputs = []
     judge.gpu_share = GpuShareClient(None)  # one lane: the modes are still tracked

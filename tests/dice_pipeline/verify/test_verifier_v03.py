@@ -468,3 +468,27 @@ def get_init_inputs():
     mb64 = 4096 * 4096 * 4
     assert judge.reference_workspace_bytes >= 2 * mb64
     assert judge.judgement.fields["provenance"]["reference_workspace_bytes"] == judge.reference_workspace_bytes
+
+
+def test_the_wait_for_the_gpu_is_kept_apart_from_the_timed_section_s_seconds():
+    """With several lanes, a timed section first waits for the other lanes' timed work: phase_seconds keeps that
+    wait apart (`gpu_wait_for_timing`), so `timing` is this judgement's own time."""
+    import time as _time
+
+    from dice_pipeline.gpu_pool import SharedGpu
+    from dice_pipeline.verify.gpu_share import GpuShareClient
+
+    class SlowGate(GpuShareClient):
+        def _ask(self, mode: str) -> None:
+            if mode == SharedGpu.EXCLUSIVE:
+                _time.sleep(0.3)  # another lane's timed section
+            self.mode = mode
+
+    judge = _judge(None)
+    judge.gpu_share = SlowGate(None)
+    judge.gpu_share.start()
+    with judge.alone("timing"):
+        _time.sleep(0.05)
+    assert judge.phase_seconds["gpu_wait_for_timing"] >= 0.3
+    assert 0.05 <= judge.phase_seconds["timing"] < 0.3
+    assert judge.gpu_share.mode == SharedGpu.SHARED  # shared again after the section
