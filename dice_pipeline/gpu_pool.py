@@ -13,7 +13,7 @@ import fcntl
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -195,10 +195,22 @@ class SharedGpu:
         """A holder new to the GPU (its worker holds no memory yet) waits while a whole request is queued."""
         return holder is None or holder in self._residents or not self._whole_queue
 
-    def _whole_ready(self, ticket: object) -> bool:
+    def _whole_ready(self, entry: tuple[object, object]) -> bool:
         waiting = {h for _, h in self._whole_queue}
-        return (self._whole_queue[0][0] is ticket and not self._writer and self._readers == 0
+        return (self._whole_queue[0] is entry and not self._writer and self._readers == 0
                 and self._residents <= waiting)
+
+    def _take_in_turn(self, queue: list, entry: object, ready: Callable[[], bool]) -> None:
+        # Called with the condition held: wait in `queue` until `ready`, then hold the GPU alone.
+        queue.append(entry)
+        self._cond.notify_all()  # a resident now waiting for whole use may be what an earlier one waits for
+        try:
+            self._cond.wait_for(ready)
+        finally:
+            queue.remove(entry)
+            self._cond.notify_all()  # the next in line may be ready now
+        self._take_device()
+        self._writer = True
 
     def acquire(self, mode: str, holder: object = None) -> float:
         """Wait for `mode` (SHARED, EXCLUSIVE or WHOLE); returns the seconds waited. `holder`: the worker asking
@@ -211,25 +223,15 @@ class SharedGpu:
                 self._cond.wait_for(lambda: not self._writer and not self._queue and self._admitted(holder))
                 self._take_device()
                 self._readers += 1
+            elif mode == self.EXCLUSIVE:
+                ticket = object()
+                self._take_in_turn(self._queue, ticket, lambda: self._queue[0] is ticket and not self._writer
+                                   and self._readers == 0 and self._admitted(holder))
+                self.exclusive_grants += 1
             else:
-                queue: list = self._queue if mode == self.EXCLUSIVE else self._whole_queue
-                entry = object() if mode == self.EXCLUSIVE else (object(), holder)
-                ready = ((lambda: queue[0] is entry and not self._writer and self._readers == 0
-                          and self._admitted(holder)) if mode == self.EXCLUSIVE
-                         else (lambda: self._whole_ready(entry[0])))
-                queue.append(entry)
-                self._cond.notify_all()  # a resident now waiting for whole use may be what an earlier one waits for
-                try:
-                    self._cond.wait_for(ready)
-                finally:
-                    queue.remove(entry)
-                    self._cond.notify_all()  # the next in line may be ready now
-                self._take_device()
-                self._writer = True
-                if mode == self.EXCLUSIVE:
-                    self.exclusive_grants += 1
-                else:
-                    self.whole_grants += 1
+                entry = (object(), holder)
+                self._take_in_turn(self._whole_queue, entry, lambda: self._whole_ready(entry))
+                self.whole_grants += 1
             if holder is not None:
                 self._residents.add(holder)
         return time.monotonic() - started

@@ -15,8 +15,8 @@ import socket
 import sys
 import time
 import traceback
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from dice_pipeline.gpu_pool import SharedGpu
