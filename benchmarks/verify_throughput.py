@@ -122,7 +122,7 @@ def _baseline_process(flag: str, pair: dict, ext_dir: str, scratch: str, timeout
 def run_parallel_baseline(pairs: list[dict], workdir: Path) -> tuple[float, list[dict], dict]:
     """KernelBench-style, the strongest plain way: every candidate built at once (one fresh process each, as many
     side by side as the host has cores), then judged one at a time in fresh processes that load what was built."""
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, as_completed
 
     start = time.perf_counter()
     dirs = [workdir / f"c{i:03d}" for i in range(len(pairs))]
@@ -132,8 +132,14 @@ def run_parallel_baseline(pairs: list[dict], workdir: Path) -> tuple[float, list
     def build(i: int) -> dict:
         return _baseline_process("--baseline-build", pairs[i], str(dirs[i] / "ext"), str(dirs[i]), 1800)
 
+    builds: list[dict] = [{} for _ in pairs]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
-        builds = list(pool.map(build, range(len(pairs))))
+        futures = {pool.submit(build, i): i for i in range(len(pairs))}
+        for done, future in enumerate(as_completed(futures), 1):
+            # Each build as it ends: a run cut short still bounds the baseline's build phase.
+            builds[futures[future]] = future.result()
+            print(f"baseline build {done}/{len(pairs)} ({pairs[futures[future]]['problem_name']}: "
+                  f"{builds[futures[future]]['status']}) at {time.perf_counter() - start:.1f} s", flush=True)
     build_wall = time.perf_counter() - start
     print(f"baseline: {len(pairs)} builds in {build_wall:.1f} s", flush=True)
     results = []
@@ -144,7 +150,8 @@ def run_parallel_baseline(pairs: list[dict], workdir: Path) -> tuple[float, list
             result = _baseline_process("--baseline-worker", pair, str(dirs[i] / "ext"), str(dirs[i]), 900)
         result.update(problem_name=pair["problem_name"], build_seconds=built.get("seconds"))
         results.append(result)
-        print(f"baseline {pair['problem_name']}: {result['status']} in {result.get('seconds', 0):.1f} s", flush=True)
+        print(f"baseline {pair['problem_name']}: {result['status']} in {result.get('seconds', 0):.1f} s "
+              f"(judged {i + 1}/{len(pairs)} at {time.perf_counter() - start:.1f} s)", flush=True)
     wall = time.perf_counter() - start
     return wall, results, {"build_wall_seconds": build_wall, "judge_wall_seconds": wall - build_wall}
 
