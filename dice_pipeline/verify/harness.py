@@ -467,7 +467,8 @@ class CandidateJudge:
 
     @contextlib.contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Wall seconds of one stage of the judgement, kept in provenance["phase_seconds"] (where the time goes)."""
+        """Wall seconds of one stage of the judgement, kept in provenance["phase_seconds"] (where the time goes).
+        Phases never nest, so their seconds add up to the judgement's time without counting any span twice."""
         started = self._perf_counter()
         try:
             yield
@@ -1044,7 +1045,8 @@ class CandidateJudge:
     def run_extra_baselines(self) -> None:
         """Build and warm each of config.extra_baselines (untimed: torch.compile's compile runs here, beside other
         lanes), then time them with the GPU alone."""
-        prepared = self.prepare_extra_baselines()
+        with self.phase("extra_baselines_prepare"):
+            prepared = self.prepare_extra_baselines()
         with self.alone("extra_baselines_timing"):
             self.time_extra_baselines(prepared)
 
@@ -1107,8 +1109,7 @@ class CandidateJudge:
                     with self.alone("timing"):
                         self.run_timing()
                     if self.config.extra_baselines:
-                        with self.phase("extra_baselines"):
-                            self.run_extra_baselines()
+                        self.run_extra_baselines()
             except Rejection:
                 raise
             except CandidateFailed as failed:  # candidate code raised while timed: its runtime error

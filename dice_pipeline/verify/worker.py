@@ -165,14 +165,15 @@ def wait_for_free_memory(needed_bytes: float, mem_get_info: Callable[[], tuple[i
         sleep(poll_s)
 
 
-def _prepare_reference(judge: Any, config: VerifyConfig, send_limit: bool) -> None:
-    """The judge's trusted set-up (input draw, reference model, probe call); with `send_limit`, the run limit sized
-    from it goes to the parent (always sent, even when the set-up failed). A rejection becomes the judgement's."""
+def _prepare_reference(judge: Any, config: VerifyConfig, send_limit: bool, phase: str = "prepare_reference") -> None:
+    """The judge's trusted set-up (input draw, reference model, probe call), its seconds kept as phase `phase`; with
+    `send_limit`, the run limit sized from it goes to the parent (always sent, even when the set-up failed). A
+    rejection becomes the judgement's."""
     from dice_pipeline.verify.harness import Rejection
 
     limit = None
     try:
-        with judge.phase("prepare_reference"):
+        with judge.phase(phase):
             draw_s, call_s = judge.prepare_reference()  # trusted code only: no candidate module exists yet
         if send_limit:
             limit = _send_run_limit(config, draw_s, call_s)
@@ -251,8 +252,7 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
                          "memory_held_while_waiting_mb": round(torch.cuda.memory_reserved() / 2**20, 1)}
             judge.judgement.fields.setdefault("provenance", {})["whole_gpu_from_the_start"] = whole_gpu
             fraction = exclusive_fraction
-            with judge.phase("prepare_reference_whole_gpu"):
-                _prepare_reference(judge, config, send_limit=False)
+            _prepare_reference(judge, config, send_limit=False, phase="prepare_reference_whole_gpu")
     if judge.prepared:
         if not control:
             try:

@@ -198,10 +198,13 @@ def _judge_without_gpu(model, baselines, timed_ms: float) -> CandidateJudge:
 
 
 @pytest.mark.slow
-def test_extra_baselines_record_a_speedup_or_the_error_and_nothing_else():
+def test_extra_baselines_record_a_speedup_or_the_error_and_nothing_else(refuse_nested_phases):
     # On this CPU machine torch.compile works (inductor's C++ backend) and a CUDA graph cannot be captured.
-    judge = _judge_without_gpu(torch.nn.ReLU(), ("compile", "cuda_graph"), timed_ms=1.0)
+    judge = refuse_nested_phases(_judge_without_gpu(torch.nn.ReLU(), ("compile", "cuda_graph"), timed_ms=1.0))
     judge.run_extra_baselines()
+    # set-up and the timed section apart, each counted once
+    assert set(judge.phase_seconds) == {"extra_baselines_prepare", "gpu_wait_for_extra_baselines_timing",
+                                        "extra_baselines_timing"}
     results = judge.judgement.fields["baseline_speedups"]
     # 1.0 ms baseline / 2.0 ms candidate, timed in the verifier's convention (gpu by default)
     assert results["compile"] == {"median_ms": 1.0, "n": 5, "convention": "gpu", "speedup": 0.5}

@@ -188,8 +188,8 @@ class ModelNew(torch.nn.Module):
 """
 
 
-def test_the_honest_cpu_candidate_is_correct():
-    judgement = _judge(HONEST).run(with_timing=False)
+def test_the_honest_cpu_candidate_is_correct(refuse_nested_phases):
+    judgement = refuse_nested_phases(_judge(HONEST)).run(with_timing=False)
     assert judgement.status == Status.CORRECT, judgement.reasons
     # where the time went, stage by stage
     phases = judgement.fields["provenance"]["phase_seconds"]
@@ -445,6 +445,16 @@ def test_released_set_up_is_prepared_again_with_the_same_inputs_and_probe():
     assert not judge.prepared and judge.probe is None and judge.ref_model is None
     judge.prepare_reference()
     assert judge.prepared and torch.equal(judge.probe, probe)
+
+
+def test_preparing_again_for_the_whole_gpu_is_its_own_phase_not_a_nested_one(refuse_nested_phases):
+    from dice_pipeline.verify import worker
+
+    judge = refuse_nested_phases(_judge(None))
+    worker._prepare_reference(judge, judge.config, send_limit=False)
+    judge.release_prepared()
+    worker._prepare_reference(judge, judge.config, send_limit=False, phase="prepare_reference_whole_gpu")
+    assert judge.prepared and set(judge.phase_seconds) == {"prepare_reference", "prepare_reference_whole_gpu"}
 
 
 @pytest.mark.gpu
