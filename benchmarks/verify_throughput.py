@@ -4,6 +4,7 @@ cold builds, 5 allclose trials at 1e-2, 100 timed trials with CUDA events). Run 
 
     python benchmarks/verify_throughput.py --out DIR [--candidates seed+structures] [--baseline parallel]
                                            [--lanes 2] [--batch-size 8] [--timing-max-samples 100]
+                                           [--baseline-first]
 
 Baselines: "parallel" (the strongest plain one) builds every candidate at once on every core, each in a fresh
 process and extension folder, then judges them one at a time in fresh processes that load the built extensions;
@@ -214,6 +215,8 @@ def main() -> int:
     parser.add_argument("--timing-max-samples", type=int, default=None,
                         help="our timed reference/candidate pairs at most (VerifyConfig.timing_max_samples; default "
                              "the config's). 100 = the baseline's 100 timed candidate calls")
+    parser.add_argument("--baseline-first", action="store_true",
+                        help="run the baseline before ours (default: ours first; the order never changes a number)")
     parser.add_argument("--verdict-store", default=None,
                         help="also put our verdicts in this verdict store (default OUT/verdict_store)")
     parser.add_argument("--baseline-worker", help=argparse.SUPPRESS)
@@ -232,7 +235,6 @@ def main() -> int:
     seeds = load_seed_pairs()
     pairs = seeds + (structure_pairs() if args.candidates == "seed+structures" else [])
 
-    # Ours first: its seed-corpus verdicts are the result other stages need, should the baseline overrun.
     cache_dir = tempfile.mkdtemp(prefix="dice_verify_bench_cache_")
     # The store starts empty here (no verdict is reused), so the throughput is measured, not remembered.
     store_dir = Path(args.verdict_store or out / "verdict_store")
@@ -242,32 +244,44 @@ def main() -> int:
     config = VerifyConfig(build_cache_dir=cache_dir, verdict_store_dir=str(store_dir), gpu_lanes=args.lanes,
                           build_batch_size=args.batch_size, **timing)
     jobs = [VerifyJob(p["uuid"], p["pytorch_code"], p["generated_code"]) for p in pairs]
-    start = time.perf_counter()
     uuid_to_name = {p["uuid"]: p["problem_name"] for p in pairs}
-    partial = (out / "seed_verdicts.partial.jsonl").open("w")
 
-    def record(job, verdict):
-        # Written as each verdict lands, so a run cut short by its time limit still returns what it judged.
-        print(f"ours {uuid_to_name[job.job_id]}: {verdict.summary()}", flush=True)
-        partial.write(json.dumps({"job_id": job.job_id, "problem_name": uuid_to_name[job.job_id],
-                                  "verdict": verdict.to_dict()}, sort_keys=True) + "\n")
-        partial.flush()
+    def run_ours() -> tuple[float, list]:
+        start = time.perf_counter()
+        partial = (out / "seed_verdicts.partial.jsonl").open("w")
 
-    verdicts = verify_batch(jobs, config, on_result=record)
-    partial.close()
-    ours_wall = time.perf_counter() - start
-    seed_verdicts = [{"job_id": p["uuid"], "problem_name": p["problem_name"], "verdict": v.to_dict()}
-                     for p, v in zip(pairs, verdicts) if p in seeds]
-    (out / "seed_verdicts.json").write_text(json.dumps(seed_verdicts, indent=1, sort_keys=True))
+        def record(job, verdict):
+            # Written as each verdict lands, so a run cut short by its time limit still returns what it judged.
+            print(f"ours {uuid_to_name[job.job_id]}: {verdict.summary()}", flush=True)
+            partial.write(json.dumps({"job_id": job.job_id, "problem_name": uuid_to_name[job.job_id],
+                                      "verdict": verdict.to_dict()}, sort_keys=True) + "\n")
+            partial.flush()
 
-    baseline_phases: dict = {}
-    if args.baseline == "parallel":
-        subset = pairs
-        baseline_wall, baseline_results, baseline_phases = run_parallel_baseline(
-            pairs, Path(tempfile.mkdtemp(prefix="kb_parallel_baseline_")))
-    else:
+        verdicts = verify_batch(jobs, config, on_result=record)
+        partial.close()
+        wall = time.perf_counter() - start
+        seed_verdicts = [{"job_id": p["uuid"], "problem_name": p["problem_name"], "verdict": v.to_dict()}
+                         for p, v in zip(pairs, verdicts) if p in seeds]
+        (out / "seed_verdicts.json").write_text(json.dumps(seed_verdicts, indent=1, sort_keys=True))
+        print(f"ours: {len(jobs)} candidates in {wall:.1f} s", flush=True)
+        return wall, verdicts
+
+    def run_baseline() -> tuple[list[dict], float, list[dict], dict]:
+        if args.baseline == "parallel":
+            wall, results, phases = run_parallel_baseline(pairs, Path(tempfile.mkdtemp(prefix="kb_parallel_baseline_")))
+            return pairs, wall, results, phases
         subset = baseline_subset(pairs, args.baseline_subset)
-        baseline_wall, baseline_results = run_serial_baseline(subset)
+        wall, results = run_serial_baseline(subset)
+        return subset, wall, results, {}
+
+    # Ours first by default: its seed-corpus verdicts are the result other stages need, should the baseline overrun.
+    # --baseline-first where the baseline's numbers are the ones a cut-short run must not lose.
+    if args.baseline_first:
+        subset, baseline_wall, baseline_results, baseline_phases = run_baseline()
+        ours_wall, verdicts = run_ours()
+    else:
+        ours_wall, verdicts = run_ours()
+        subset, baseline_wall, baseline_results, baseline_phases = run_baseline()
 
     hit_start = time.perf_counter()
     hit = compile_only(pairs[0]["pytorch_code"], pairs[0]["generated_code"], config)
@@ -284,6 +298,7 @@ def main() -> int:
     summary = {
         "gpu": verdicts[0].provenance.get("gpu"), "host_cpus": os.cpu_count(),
         "time": verdicts[0].provenance.get("time"), "candidates_set": args.candidates,
+        "order": "baseline first" if args.baseline_first else "ours first",
         "ours": {"candidates": len(jobs), "wall_seconds": ours_wall, "per_minute": len(jobs) / ours_wall * 60,
                  "gpu_lanes": args.lanes, "build_batch_size": args.batch_size,
                  "timing_samples": [config.timing_samples, config.timing_max_samples],

@@ -41,3 +41,44 @@ def test_the_baseline_build_step_reports_a_candidate_that_fails_at_import(tmp_pa
                     str(tmp_path / "q.json")], check=True, cwd=tmp_path)
     result = json.loads((tmp_path / "r.json").read_text())
     assert result["status"] == "compile_error" and "nvcc said no" in result["error"]
+
+
+def test_the_two_sides_run_in_the_order_asked_and_the_baseline_reports_as_it_goes(tmp_path, monkeypatch, capsys):
+    """Both sides replaced by fakes that record when they ran (the real ones need a GPU): the order flag changes
+    only which runs first, and the parallel baseline prints each build and judgement with its time as it ends."""
+    from dice_pipeline.verify.verdict import Status, Verdict
+
+    ran: list[str] = []
+
+    def fake_verify_batch(jobs, config, on_result=None):
+        ran.append("ours")
+        verdicts = [Verdict(status=Status.CORRECT, speedup=1.5, provenance={"gpu": "test", "time": "t"}) for _ in jobs]
+        for job, verdict in zip(jobs, verdicts):
+            on_result(job, verdict)
+        return verdicts
+
+    def fake_process(flag, pair, ext_dir, scratch, timeout):
+        if flag == "--baseline-build":
+            ran.append("baseline_build")
+            return {"status": "built", "seconds": 0.01}
+        ran.append("baseline_judge")
+        return {"status": "correct", "seconds": 0.01, "speedup": 1.4}
+
+    monkeypatch.setattr(verify_throughput, "verify_batch", fake_verify_batch)
+    monkeypatch.setattr(verify_throughput, "_baseline_process", fake_process)
+    monkeypatch.setattr(verify_throughput, "compile_only", lambda *a, **k: Verdict(status=Status.CORRECT))
+    for first, order in ((True, "baseline first"), (False, "ours first")):
+        ran.clear()
+        out = tmp_path / order.replace(" ", "_")
+        argv = ["verify_throughput.py", "--out", str(out), "--baseline", "parallel"] + (["--baseline-first"] * first)
+        monkeypatch.setattr(sys, "argv", argv)
+        assert verify_throughput.main() == 0
+        summary = json.loads((out / "verify_throughput.json").read_text())
+        n = summary["ours"]["candidates"]
+        assert summary["order"] == order and summary["baseline"]["candidates"] == n == 40
+        assert summary["agreement"]["same"] == n
+        sides = [step for i, step in enumerate(ran) if i == 0 or ran[i - 1] != step]
+        assert sides == (["baseline_build", "baseline_judge", "ours"] if first else
+                         ["ours", "baseline_build", "baseline_judge"])
+    printed = capsys.readouterr().out
+    assert f"baseline build {n}/{n} (" in printed and f"(judged {n}/{n} at " in printed
