@@ -122,6 +122,12 @@ class _BatchRun:
         (the shared GPU takes the lock while any lane holds it)."""
         return contextlib.nullcontext() if self.shared_gpus else device_lock(self.config.device_lock_dir, device)
 
+    def run_threads(self) -> int:
+        """torch threads of one GPU worker: the GPU workers' cores shared by every lane of every GPU (a worker's
+        intra-op pool otherwise keeps the size of the whole host it saw at import and oversubscribes them)."""
+        workers = max(1, self.config.gpu_lanes) * max(1, len(self.gpus))
+        return max(1, len(self.gpu_worker_cpus or ()) // workers)
+
     def lane_memory_fraction(self) -> float | None:
         base = self.config.gpu_memory_fraction
         return (base or 0.9) / self.config.gpu_lanes if self.shared_gpus else base
@@ -154,6 +160,7 @@ class _BatchRun:
                        # what a lane that foresees needing more than its share switches to (worker.needs_whole_gpu)
                        "exclusive_memory_fraction": self.config.gpu_memory_fraction or 0.9,
                        "run_cpus": sorted(self.gpu_worker_cpus) if stage == "run" and self.gpu_worker_cpus else None,
+                       "run_threads": self.run_threads() if stage == "run" and self.gpu_worker_cpus else None,
                        **(extra_request or {})}
             (scratch / "request.json").write_text(json.dumps(request))
             env = scrubbed_environment({
@@ -270,6 +277,7 @@ class _BatchRun:
                                          if outcome.gpu_wait_s is not None else {}),
                                       "extension_load_seconds": payload.get("compile_seconds"),
                                       "worker_cpus": payload.get("worker_cpus"),
+                                      "worker_threads": payload.get("worker_threads"),
                                       "network_isolated": payload.get("network_isolated")})
         if "reason" in payload:  # early exits (import failures) carry one reason
             payload["reasons"] = [payload.pop("reason")]

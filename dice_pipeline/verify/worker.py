@@ -325,6 +325,7 @@ def main(argv: list[str]) -> int:
     if request.get("run_cpus"):
         # The GPU stage's own cores (no builds there); imports before the gate ran on any core.
         os.sched_setaffinity(0, request["run_cpus"])
+        torch.set_num_threads(request.get("run_threads") or len(request["run_cpus"]))
     started = time.time()
     if request["stage"] == "build":
         result = run_build_stage(request, interceptor, scratch)
@@ -340,6 +341,7 @@ def main(argv: list[str]) -> int:
     result["worker_seconds"] = time.time() - started
     result["network_isolated"] = _network_isolated()
     result["worker_cpus"] = sorted(os.sched_getaffinity(0))
+    result["worker_threads"] = torch.get_num_threads()
     tmp = Path(request["result_path"] + ".tmp")
     tmp.write_text(json.dumps(result, default=str))
     tmp.replace(request["result_path"])

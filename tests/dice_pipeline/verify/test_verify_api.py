@@ -271,6 +271,20 @@ def test_run_worker_moves_to_its_cores_after_the_gate(config):
     _, payload = run._run_worker(VerifyJob("j", REFERENCE, HONEST), "run", check_candidate_source(REFERENCE, HONEST),
                                  device=None, gate=gate)
     assert payload["worker_cpus"] == [core]
+    assert payload["worker_threads"] == 1  # torch's pool sized to its core, not to the host seen at import
+
+
+def test_gpu_workers_share_their_cores_by_lane(config):
+    from dice_pipeline.verify.api import _BatchRun
+
+    run = _BatchRun(config, None)
+    run.gpus, run.gpu_worker_cpus = ["gpu0"], {0, 1, 2, 3}
+    for lanes, threads in ((1, 4), (2, 2), (3, 1), (8, 1)):
+        run.config.gpu_lanes = lanes
+        assert run.run_threads() == threads
+    run.gpus = ["gpu0", "gpu1"]
+    run.config.gpu_lanes = 2
+    assert run.run_threads() == 1
 
 
 def test_extra_baselines_are_checked_deduplicated_and_given_time():
