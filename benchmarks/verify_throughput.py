@@ -138,9 +138,10 @@ def run_parallel_baseline(pairs: list[dict], workdir: Path) -> tuple[float, list
         futures = {pool.submit(build, i): i for i in range(len(pairs))}
         for done, future in enumerate(as_completed(futures), 1):
             # Each build as it ends: a run cut short still bounds the baseline's build phase.
-            builds[futures[future]] = future.result()
-            print(f"baseline build {done}/{len(pairs)} ({pairs[futures[future]]['problem_name']}: "
-                  f"{builds[futures[future]]['status']}) at {time.perf_counter() - start:.1f} s", flush=True)
+            i = futures[future]
+            builds[i] = future.result()
+            print(f"baseline build {done}/{len(pairs)} ({pairs[i]['problem_name']}: {builds[i]['status']}) at "
+                  f"{time.perf_counter() - start:.1f} s", flush=True)
     build_wall = time.perf_counter() - start
     print(f"baseline: {len(pairs)} builds in {build_wall:.1f} s", flush=True)
     results = []
