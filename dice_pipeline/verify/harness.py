@@ -916,6 +916,7 @@ class CandidateJudge:
                 raise CandidateFailed(f"{type(exc).__name__}: {exc}") from exc
 
         with torch.no_grad():  # entered once: nothing but the forward call sits between the two events
+            floors_start = self._perf_counter()
             floors = self._launch_floors_ms(flush, start, end)
             warm_start = self._perf_counter()
             warm_calls = 0
@@ -980,6 +981,7 @@ class CandidateJudge:
                         ratios[cfg.speedup_convention])
                     if (sample >= cfg.timing_samples and precise) or out_of_time or sample >= cfg.timing_max_samples:
                         break
+        timing_end = self._perf_counter()
         self.guard.check("during timing")
         chosen = cfg.speedup_convention
         stats = {c: (timing_stats(times[c]["ref"]), timing_stats(times[c]["cand"])) for c in ("gpu", "host")}
@@ -1001,7 +1003,12 @@ class CandidateJudge:
             speedup_of_medians=(ref_stats.median_ms / cand_stats.median_ms if cand_stats.median_ms > 0 else None),
             **{f"reference_median_ms_{other}": stats[other][0].median_ms,
                f"candidate_median_ms_{other}": stats[other][1].median_ms},
-            timing_pairs=sample, timing_rounds=rounds, timing_min_pairs=min_pairs)
+            timing_pairs=sample, timing_rounds=rounds, timing_min_pairs=min_pairs,
+            # Where the timing phase's wall time went: launch floors, warm-up, and the timed pairs with the work
+            # around each (fresh draw, clone/restore, input and output checks).
+            timing_split_s={"launch_floors": round(warm_start - floors_start, 4),
+                            "warmup": round(timing_start - warm_start, 4),
+                            "pairs": round(timing_end - timing_start, 4)})
         # Work on a side stream or thread is invisible to the events but not to a device-wide sync.
         host_ref, host_cand = stats["host"]
         ref_excess = max(ref_wall_med - host_ref.median_ms, 0.0)

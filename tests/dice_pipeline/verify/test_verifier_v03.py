@@ -5,6 +5,7 @@ conventions in the verdict, and reading 0.2 verdicts only on request. The GPU si
 from __future__ import annotations
 
 import sys
+import time
 import types
 
 import pytest
@@ -502,3 +503,31 @@ def test_the_wait_for_the_gpu_is_kept_apart_from_the_timed_section_s_seconds():
     assert judge.phase_seconds["gpu_wait_for_timing"] >= 0.3
     assert 0.05 <= judge.phase_seconds["timing"] < 0.3
     assert judge.gpu_share.mode == SharedGpu.SHARED  # shared again after the section
+
+
+class _WallClockEvent:
+    """A stand-in for torch.cuda.Event on the CPU: the host's clock at record()."""
+
+    def __init__(self, enable_timing: bool = True):
+        self.at = 0.0
+
+    def record(self) -> None:
+        self.at = time.perf_counter()
+
+    def elapsed_time(self, end: "_WallClockEvent") -> float:
+        return (end.at - self.at) * 1e3
+
+
+def test_the_timing_loop_runs_on_the_cpu_and_says_where_its_time_went(refuse_nested_phases):
+    judge = refuse_nested_phases(_judge(HONEST, timing_samples=12, timing_max_samples=12, timing_round_samples=4,
+                                        l2_flush_mb=1, warmup_seconds=0.0))
+    judge._event = _WallClockEvent
+    judgement = judge.run()
+    assert judgement.status == Status.CORRECT, judgement.reasons
+    provenance = judgement.fields["provenance"]
+    assert provenance["timing_pairs"] == 12 and provenance["timing_rounds"] == 3
+    assert judgement.fields["speedup_gpu"] > 0 and judgement.fields["speedup_host"] > 0
+    split = provenance["timing_split_s"]
+    assert set(split) == {"launch_floors", "warmup", "pairs"} and all(s >= 0 for s in split.values())
+    # the split is part of the timing phase's wall time, which also holds the set-up before the floors
+    assert sum(split.values()) <= provenance["phase_seconds"]["timing"] + 1e-3
