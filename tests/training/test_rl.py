@@ -397,7 +397,10 @@ def _two_rank_worker(rank: int, workdir: str) -> None:
         model = _fresh_model(tokenizer)
         rollouts, advantages = _fixed_rollouts(model)
         config = RLConfig(ppo_epochs=1, minibatches=1, micro_batch_size=2, learning_rate=1e-3)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        # SGD: the step is linear in the averaged gradient, so the ranks' result matches the single process to
+        # rounding. (AdamW's first step is lr * sign(grad) where a gradient is near 0: the all-reduce's other
+        # summation order can flip such a sign and move that weight by 2 * lr, a flaky comparison.)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
         update = ppo_update(model, optimizer, rollouts[rank::2], advantages[rank::2], config, step=1)
         after_update = {k: v.clone() for k, v in model.state_dict().items()}
 
@@ -434,8 +437,11 @@ def test_two_gloo_ranks_train_like_one_process(small_tokenizer, tmp_path):
     # The data-parallel update (each rank half the rollouts) is the single-process update on all of them.
     model = _fresh_model(small_tokenizer)
     rollouts, advantages = _fixed_rollouts(model)
-    single = ppo_update(model, torch.optim.AdamW(model.parameters(), lr=1e-3), rollouts, advantages,
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    single = ppo_update(model, torch.optim.SGD(model.parameters(), lr=1e-3), rollouts, advantages,
                         RLConfig(ppo_epochs=1, minibatches=1, micro_batch_size=2), step=1)
+    # the step moves weights far beyond the comparison's tolerance (a rank that skipped the all-reduce would fail)
+    assert max((model.state_dict()[k] - v).abs().max().item() for k, v in before.items()) > 1e-4
     for rank in ranks:
         assert rank["update"]["loss"] == pytest.approx(single["loss"], abs=1e-6)
         assert rank["update"]["tokens_trained"] == single["tokens_trained"] == 10 + 5 + 7 + 10
