@@ -4,15 +4,16 @@ cold builds, 5 allclose trials at 1e-2, 100 timed trials with CUDA events). Run 
 
     python benchmarks/verify_throughput.py --out DIR [--candidates seed+structures] [--baseline parallel]
                                            [--lanes 2] [--batch-size 8] [--timing-max-samples 100]
-                                           [--baseline-first]
+                                           [--baseline-first] [--gpu-worker-cpus N]
 
 Baselines: "parallel" (the strongest plain one) builds every candidate at once on every core, each in a fresh
 process and extension folder, then judges them one at a time in fresh processes that load the built extensions;
 "serial" builds and judges one candidate after another, on the first --baseline-subset pairs only (~45-90 s a
-candidate). Candidates: "seed" (the 40 seed pairs) or "seed+structures" (those and one template candidate for each
+candidate); "none" runs ours alone (to compare our own settings, e.g. --lanes and --gpu-worker-cpus). Candidates: "seed" (the 40 seed pairs) or "seed+structures" (those and one template candidate for each
 of the 27 structure-synthesis tasks: 67). Writes DIR/seed_verdicts.json (our verdicts of the seed pairs),
 DIR/verify_throughput.json (the numbers, every candidate's two verdicts side by side) and DIR/verdict_store, and
-prints a summary; the ratio compares candidates fully judged per minute.
+prints a summary; the ratio compares candidates fully judged per minute, and ours.phase_seconds says where our
+time went (per judgement stage and timing sub-step: count, sum, median).
 """
 
 from __future__ import annotations
@@ -158,6 +159,20 @@ def run_parallel_baseline(pairs: list[dict], workdir: Path) -> tuple[float, list
     return wall, results, {"build_wall_seconds": build_wall, "judge_wall_seconds": wall - build_wall}
 
 
+def phase_summary(verdicts: list) -> dict[str, dict[str, float]]:
+    """Per stage of our judgement (provenance phase_seconds) and of its timing phase (timing_split_s): how many
+    verdicts went through it, the sum and the median of their seconds: where our wall time goes."""
+    seen: dict[str, list[float]] = {}
+    for verdict in verdicts:
+        provenance = verdict.provenance or {}
+        for name, seconds in provenance.get("phase_seconds", {}).items():
+            seen.setdefault(name, []).append(seconds)
+        for name, seconds in provenance.get("timing_split_s", {}).items():
+            seen.setdefault(f"timing.{name}", []).append(seconds)
+    return {name: {"n": len(values), "sum": round(sum(values), 3), "median": round(statistics.median(values), 4)}
+            for name, values in sorted(seen.items())}
+
+
 def baseline_subset(pairs: list[dict], n: int) -> list[dict]:
     """The first `n` of DEFAULT_BASELINE_SUBSET present in the corpus (an honest kernel first, then a wrong one)."""
     by_name = {p["problem_name"]: p for p in pairs}
@@ -209,10 +224,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=False, default="benchmarks/results")
     parser.add_argument("--candidates", choices=("seed", "seed+structures"), default="seed")
-    parser.add_argument("--baseline", choices=("serial", "parallel"), default="serial")
+    parser.add_argument("--baseline", choices=("serial", "parallel", "none"), default="serial",
+                        help="none: ours alone (e.g. to compare our own settings; no ratio)")
     parser.add_argument("--baseline-subset", type=int, default=3, help="pairs the serial baseline judges")
     parser.add_argument("--lanes", type=int, default=1, help="our judging lanes a GPU (VerifyConfig.gpu_lanes)")
     parser.add_argument("--batch-size", type=int, default=8, help="our build groups (VerifyConfig.build_batch_size)")
+    parser.add_argument("--gpu-worker-cpus", type=int, default=None,
+                        help="cores our GPU workers get a GPU (VerifyConfig.gpu_worker_cpus; default the config's)")
     parser.add_argument("--timing-max-samples", type=int, default=None,
                         help="our timed reference/candidate pairs at most (VerifyConfig.timing_max_samples; default "
                              "the config's). 100 = the baseline's 100 timed candidate calls")
@@ -242,6 +260,8 @@ def main() -> int:
     if store_dir.exists() and any(store_dir.rglob("*.json")):
         parser.error(f"{store_dir} already holds verdicts: the benchmark needs an empty store")
     timing = {} if args.timing_max_samples is None else {"timing_max_samples": args.timing_max_samples}
+    if args.gpu_worker_cpus is not None:
+        timing["gpu_worker_cpus"] = args.gpu_worker_cpus
     config = VerifyConfig(build_cache_dir=cache_dir, verdict_store_dir=str(store_dir), gpu_lanes=args.lanes,
                           build_batch_size=args.batch_size, **timing)
     jobs = [VerifyJob(p["uuid"], p["pytorch_code"], p["generated_code"]) for p in pairs]
@@ -268,6 +288,8 @@ def main() -> int:
         return wall, verdicts
 
     def run_baseline() -> tuple[list[dict], float, list[dict], dict]:
+        if args.baseline == "none":
+            return [], 0.0, [], {}
         if args.baseline == "parallel":
             wall, results, phases = run_parallel_baseline(pairs, Path(tempfile.mkdtemp(prefix="kb_parallel_baseline_")))
             return pairs, wall, results, phases
@@ -307,15 +329,17 @@ def main() -> int:
                  "cold_build_seconds_median": statistics.median(cold) if cold else None,
                  "cold_build_seconds_min": min(cold) if cold else None,
                  "cache_hit_build_seconds": hit.compile_seconds, "cache_hit_call_wall_seconds": hit_wall,
+                 "gpu_worker_cpus": config.gpu_worker_cpus, "phase_seconds": phase_summary(verdicts),
                  "statuses": {s: sum(v.status.value == s for v in verdicts) for s in {v.status.value for v in verdicts}}},
         "baseline": {"kind": args.baseline, "candidates": len(subset), "wall_seconds": baseline_wall,
-                     "per_minute": len(subset) / baseline_wall * 60, **baseline_phases,
+                     "per_minute": len(subset) / baseline_wall * 60 if baseline_wall else None, **baseline_phases,
                      "build_seconds": [r.get("build_seconds", r.get("compile_seconds")) for r in baseline_results]},
         "agreement": {kind: sum(r["agreement"] == kind for r in side_by_side)
                       for kind in ("same", "ours_rejects", "differ")},
         "side_by_side": side_by_side,
     }
-    summary["throughput_ratio"] = summary["ours"]["per_minute"] / summary["baseline"]["per_minute"]
+    baseline_rate = summary["baseline"]["per_minute"]
+    summary["throughput_ratio"] = summary["ours"]["per_minute"] / baseline_rate if baseline_rate else None
     (out / "verify_throughput.json").write_text(json.dumps(summary, indent=1, default=str))
     print(json.dumps({k: v for k, v in summary.items() if k != "side_by_side"}, indent=1, default=str))
     return 0

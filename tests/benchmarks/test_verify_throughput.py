@@ -82,3 +82,36 @@ def test_the_two_sides_run_in_the_order_asked_and_the_baseline_reports_as_it_goe
                          ["ours", "baseline_build", "baseline_judge"])
     printed = capsys.readouterr().out
     assert f"baseline build {n}/{n} (" in printed and f"(judged {n}/{n} at " in printed
+
+
+def test_ours_alone_reports_its_settings_and_where_its_time_went(tmp_path, monkeypatch):
+    from dice_pipeline.verify.verdict import Status, Verdict
+
+    configs = []
+
+    def fake_verify_batch(jobs, config, on_result=None):
+        configs.append(config)
+        provenance = {"gpu": "test", "time": "t", "phase_seconds": {"correctness": 1.0, "timing": 3.0},
+                      "timing_split_s": {"launch_floors": 0.1, "warmup": 0.5, "pairs": 2.0}}
+        verdicts = [Verdict(status=Status.CORRECT, speedup=1.5, provenance=dict(provenance)) for _ in jobs]
+        verdicts[0].provenance = {"gpu": "test", "time": "t", "phase_seconds": {"correctness": 3.0}}  # no timing
+        for job, verdict in zip(jobs, verdicts):
+            on_result(job, verdict)
+        return verdicts
+
+    def no_baseline(*args, **kwargs):
+        raise AssertionError("--baseline none runs no baseline")
+
+    monkeypatch.setattr(verify_throughput, "verify_batch", fake_verify_batch)
+    monkeypatch.setattr(verify_throughput, "_baseline_process", no_baseline)
+    monkeypatch.setattr(verify_throughput, "compile_only", lambda *a, **k: Verdict(status=Status.CORRECT))
+    monkeypatch.setattr(sys, "argv", ["verify_throughput.py", "--out", str(tmp_path), "--baseline", "none",
+                                      "--lanes", "4", "--gpu-worker-cpus", "4"])
+    assert verify_throughput.main() == 0
+    summary = json.loads((tmp_path / "verify_throughput.json").read_text())
+    assert configs[0].gpu_lanes == 4 and configs[0].gpu_worker_cpus == 4 and summary["ours"]["gpu_worker_cpus"] == 4
+    assert summary["baseline"]["candidates"] == 0 and summary["throughput_ratio"] is None
+    assert summary["side_by_side"] == []
+    phases = summary["ours"]["phase_seconds"]
+    assert phases["correctness"] == {"n": 40, "sum": 39 * 1.0 + 3.0, "median": 1.0}
+    assert phases["timing"]["n"] == 39 and phases["timing.pairs"] == {"n": 39, "sum": 78.0, "median": 2.0}
