@@ -82,6 +82,68 @@ def test_the_timed_calls_pass_fail_check_decides_as_the_full_comparison_does(chu
     assert compare_outputs(ref_with_nan, both_nan, (1e-2,), stats=False).passes[1e-2]
 
 
+def _boundary_cases(dtype: torch.dtype, tol: float) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Reference/candidate pairs right at the tolerance and at the edges of the dtype's range."""
+    info = torch.finfo(dtype)
+    torch.manual_seed(3)
+    ref = torch.randn(4096, dtype=torch.float64) * torch.logspace(-6, 6, 4096, dtype=torch.float64)
+    cases = []
+    for rel in (-0.5, -1e-3, -2.0**-18, -2.0**-22, -1e-9, 0.0, 1e-9, 2.0**-22, 2.0**-18, 1e-3, 0.5):
+        # every element at (1 + rel) times the allowed error, alternating sign, in the dtype's rounding
+        allowed = tol + tol * ref.abs()
+        signs = torch.where(torch.arange(4096) % 2 == 0, 1.0, -1.0).double()
+        cases.append((ref.to(dtype), (ref + signs * allowed * (1 + rel)).to(dtype)))
+    special = torch.tensor([0.0, -0.0, info.tiny, -info.tiny, info.max, -info.max, float("inf"), float("-inf"),
+                            float("nan"), 1.0], dtype=dtype)
+    for candidate in ([0.0, 0.0, 0.0, 0.0, info.max, -info.max, float("inf"), float("-inf"), float("nan"), 1.0],
+                      [tol, -tol, 0.0, 0.0, -info.max, info.max, 1.0, float("inf"), float("nan"), 1.0],
+                      [0.0, 0.0, 0.0, 0.0, info.max, -info.max, float("inf"), float("-inf"), 0.0, 1.0],
+                      [0.0, 0.0, 0.0, 0.0, info.max, -info.max, info.max, -info.max, float("nan"), 1.0 + 3 * tol]):
+        cases.append((special, torch.tensor(candidate, dtype=dtype)))
+    # an infinite reference against finite values, alone (no NaN beside it to fail the group anyway)
+    for reference, candidate in (([float("inf"), 1.0], [1.0, 1.0]), ([float("-inf")], [-info.max]),
+                                 ([info.max], [float("inf")]), ([1.0, float("inf")], [1.0, float("inf")])):
+        cases.append((torch.tensor(reference, dtype=dtype), torch.tensor(candidate, dtype=dtype)))
+    return cases
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("tol", [1e-2, 1e-4])
+def test_the_quick_pass_test_never_passes_what_the_float64_comparison_fails(dtype, tol):
+    from dice_pipeline.verify.harness import _surely_close
+
+    decided = {True: 0, False: 0}
+    for ref, cand in _boundary_cases(dtype, tol):
+        exact = torch.isclose(cand.double(), ref.double(), atol=tol, rtol=tol, equal_nan=True)
+        for i in range(0, ref.numel(), 64):  # element groups: a quick pass must be an exact pass, group by group
+            quick = bool(_surely_close(ref[i:i + 64], cand[i:i + 64], tol))
+            assert not quick or bool(exact[i:i + 64].all()), (dtype, tol, i)
+            decided[quick] += 1
+        # and the whole check answers exactly as the float64 one does
+        assert compare_outputs(ref, cand, (tol,), chunk=100, stats=False).passes[tol] == bool(exact.all())
+        assert ref.dtype == cand.dtype == dtype  # never converted in place
+    assert decided[True] and decided[False]  # both outcomes occur: the quick test is not vacuous
+
+
+def test_the_float64_comparison_runs_only_where_the_quick_test_cannot_vouch(monkeypatch):
+    calls = []
+    real_isclose = torch.isclose
+
+    def counting_isclose(*args, **kwargs):
+        calls.append(1)
+        return real_isclose(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "isclose", counting_isclose)
+    torch.manual_seed(4)
+    ref = torch.randn(64, 64)
+    assert compare_outputs(ref, ref + 1e-4, (1e-2,), chunk=1000, stats=False).passes[1e-2] and not calls
+    assert not compare_outputs(ref, ref + 1.0, (1e-2,), chunk=1000, stats=False).passes[1e-2] and calls
+    calls.clear()
+    with_nan = ref.clone()
+    with_nan[0, 0] = float("nan")
+    assert compare_outputs(with_nan, with_nan.clone(), (1e-2,), stats=False).passes[1e-2] and calls  # NaN == NaN
+
+
 def test_degenerate_detection_is_the_same_chunked():
     outputs = [torch.full((50,), 1e-4), torch.full((50,), -2e-4)]
     for chunk in (3, 10**6):
