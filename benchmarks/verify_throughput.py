@@ -4,7 +4,7 @@ cold builds, 5 allclose trials at 1e-2, 100 timed trials with CUDA events). Run 
 
     python benchmarks/verify_throughput.py --out DIR [--candidates seed+structures] [--baseline parallel]
                                            [--lanes 2] [--batch-size 8] [--timing-max-samples 100]
-                                           [--baseline-first] [--gpu-worker-cpus N]
+                                           [--baseline-first] [--gpu-worker-cpus N] [--warmup-seconds S]
 
 Baselines: "parallel" (the strongest plain one) builds every candidate at once on every core, each in a fresh
 process and extension folder, then judges them one at a time in fresh processes that load the built extensions;
@@ -231,6 +231,8 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=8, help="our build groups (VerifyConfig.build_batch_size)")
     parser.add_argument("--gpu-worker-cpus", type=int, default=None,
                         help="cores our GPU workers get a GPU (VerifyConfig.gpu_worker_cpus; default the config's)")
+    parser.add_argument("--warmup-seconds", type=float, default=None,
+                        help="our warm-up before each candidate's timed pairs (VerifyConfig.warmup_seconds)")
     parser.add_argument("--timing-max-samples", type=int, default=None,
                         help="our timed reference/candidate pairs at most (VerifyConfig.timing_max_samples; default "
                              "the config's). 100 = the baseline's 100 timed candidate calls")
@@ -262,6 +264,8 @@ def main() -> int:
     timing = {} if args.timing_max_samples is None else {"timing_max_samples": args.timing_max_samples}
     if args.gpu_worker_cpus is not None:
         timing["gpu_worker_cpus"] = args.gpu_worker_cpus
+    if args.warmup_seconds is not None:
+        timing["warmup_seconds"] = args.warmup_seconds
     config = VerifyConfig(build_cache_dir=cache_dir, verdict_store_dir=str(store_dir), gpu_lanes=args.lanes,
                           build_batch_size=args.batch_size, **timing)
     jobs = [VerifyJob(p["uuid"], p["pytorch_code"], p["generated_code"]) for p in pairs]
@@ -325,7 +329,7 @@ def main() -> int:
         "ours": {"candidates": len(jobs), "wall_seconds": ours_wall, "per_minute": len(jobs) / ours_wall * 60,
                  "gpu_lanes": args.lanes, "build_batch_size": args.batch_size,
                  "timing_samples": [config.timing_samples, config.timing_max_samples],
-                 "timing_budget_s": config.timing_budget_s,
+                 "timing_budget_s": config.timing_budget_s, "warmup_seconds": config.warmup_seconds,
                  "cold_build_seconds_median": statistics.median(cold) if cold else None,
                  "cold_build_seconds_min": min(cold) if cold else None,
                  "cache_hit_build_seconds": hit.compile_seconds, "cache_hit_call_wall_seconds": hit_wall,
