@@ -9,8 +9,9 @@ cold builds, 5 allclose trials at 1e-2, 100 timed trials with CUDA events). Run 
 Baselines: "parallel" (the strongest plain one) builds every candidate at once on every core, each in a fresh
 process and extension folder, then judges them one at a time in fresh processes that load the built extensions;
 "serial" builds and judges one candidate after another, on the first --baseline-subset pairs only (~45-90 s a
-candidate); "none" runs ours alone (to compare our own settings, e.g. --lanes and --gpu-worker-cpus). Candidates: "seed" (the 40 seed pairs) or "seed+structures" (those and one template candidate for each
-of the 27 structure-synthesis tasks: 67). Writes DIR/seed_verdicts.json (our verdicts of the seed pairs),
+candidate); "none" runs ours alone (to compare our own settings, e.g. --lanes and --gpu-worker-cpus).
+Candidates: "seed" (the 40 seed pairs) or "seed+structures" (those and one template candidate for each of the 27
+structure-synthesis tasks: 67). Writes DIR/seed_verdicts.json (our verdicts of the seed pairs),
 DIR/verify_throughput.json (the numbers, every candidate's two verdicts side by side) and DIR/verdict_store, and
 prints a summary; the ratio compares candidates fully judged per minute, and ours.phase_seconds says where our
 time went (per judgement stage and timing sub-step: count, sum, median).

@@ -234,21 +234,21 @@ def _tensor_passes(ref: torch.Tensor, cand: torch.Tensor, tolerances: tuple[floa
     """`result.passes` for one output leaf: torch.allclose in float64 chunk by chunk, folded on the device. A
     quick test in the outputs' own precision comes first (one sync); only where it cannot vouch for every element
     does the float64 comparison decide (so the answer is always the float64 one)."""
+    def every_chunk(test: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> bool:
+        folded: torch.Tensor | None = None
+        for ref_chunk, cand_chunk in _paired_chunks(ref, cand, chunk):
+            close = test(ref_chunk, cand_chunk)
+            folded = close if folded is None else folded & close
+        return True if folded is None else bool(folded)
+
     for tol in tolerances:
         if not result.passes[tol]:
             continue
-        if quick and ref.dtype in _QUICK_DTYPES and 0 < tol < 1:
-            quick: torch.Tensor | None = None
-            for ref_chunk, cand_chunk in _paired_chunks(ref, cand, chunk):
-                close = _surely_close(ref_chunk, cand_chunk, tol)
-                quick = close if quick is None else quick & close
-            if quick is None or bool(quick):
-                continue
-        folded: torch.Tensor | None = None
-        for ref_chunk, cand_chunk in _paired_chunks(ref, cand, chunk):
-            close = torch.isclose(cand_chunk.double(), ref_chunk.double(), atol=tol, rtol=tol, equal_nan=True).all()
-            folded = close if folded is None else folded & close
-        result.passes[tol] = True if folded is None else bool(folded)
+        if quick and ref.dtype in _QUICK_DTYPES and 0 < tol < 1 and every_chunk(
+                lambda r, c: _surely_close(r, c, tol)):  # noqa: B023 - called at once, inside this iteration
+            continue
+        result.passes[tol] = every_chunk(
+            lambda r, c: torch.isclose(c.double(), r.double(), atol=tol, rtol=tol, equal_nan=True).all())  # noqa: B023
 
 
 def _compare_tensor(ref: torch.Tensor, cand: torch.Tensor, tolerances: tuple[float, ...], result: Comparison,
