@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from dice_pipeline.verify import VerifyConfig, VerifyJob, compile_only, verify_batch  # noqa: E402
 
+SCRIPT = str(Path(__file__).resolve())  # what the baseline's fresh processes run, whatever their working folder
 # Pairs the baseline judges: an honest kernel and a wrong one, so both verdict kinds are compared.
 DEFAULT_BASELINE_SUBSET = ("relu", "head_sum_off_by_one", "fused_bias_gelu")
 
@@ -113,7 +114,7 @@ def _baseline_process(flag: str, pair: dict, ext_dir: str, scratch: str, timeout
     request_path.write_text(json.dumps(request))
     env = dict(os.environ, TORCH_EXTENSIONS_DIR=ext_dir, MAX_JOBS="2")
     try:
-        proc = subprocess.run([sys.executable, __file__, flag, str(request_path)], env=env, capture_output=True,
+        proc = subprocess.run([sys.executable, SCRIPT, flag, str(request_path)], env=env, capture_output=True,
                               text=True, timeout=timeout)
         error = proc.stderr[-500:]
     except subprocess.TimeoutExpired:
@@ -172,6 +173,14 @@ def phase_summary(verdicts: list) -> dict[str, dict[str, float]]:
             seen.setdefault(f"timing.{name}", []).append(seconds)
     return {name: {"n": len(values), "sum": round(sum(values), 3), "median": round(statistics.median(values), 4)}
             for name, values in sorted(seen.items())}
+
+
+def timeline(arrivals, wall: float, step: float = 10.0) -> dict[str, int]:
+    """Verdicts in by each `step` seconds of the run ("10": n, "20": m, ...): when the pipeline started delivering
+    and where it stalled."""
+    arrivals = sorted(arrivals)
+    marks = [step * k for k in range(1, int(wall // step) + 2)]
+    return {f"{mark:g}": sum(a <= mark for a in arrivals) for mark in marks}
 
 
 def baseline_subset(pairs: list[dict], n: int) -> list[dict]:
@@ -272,13 +281,17 @@ def main() -> int:
     jobs = [VerifyJob(p["uuid"], p["pytorch_code"], p["generated_code"]) for p in pairs]
     uuid_to_name = {p["uuid"]: p["problem_name"] for p in pairs}
 
+    arrived_s: dict[str, float] = {}  # seconds from the start of our run to each verdict: the pipeline's timeline
+
     def run_ours() -> tuple[float, list]:
         start = time.perf_counter()
         partial = (out / "seed_verdicts.partial.jsonl").open("w")
 
         def record(job, verdict):
             # Written as each verdict lands, so a run cut short by its time limit still returns what it judged.
-            print(f"ours {uuid_to_name[job.job_id]}: {verdict.summary()}", flush=True)
+            arrived_s[uuid_to_name[job.job_id]] = round(time.perf_counter() - start, 2)
+            print(f"ours {uuid_to_name[job.job_id]}: {verdict.summary()} "
+                  f"(at {arrived_s[uuid_to_name[job.job_id]]:.1f} s)", flush=True)
             partial.write(json.dumps({"job_id": job.job_id, "problem_name": uuid_to_name[job.job_id],
                                       "verdict": verdict.to_dict()}, sort_keys=True) + "\n")
             partial.flush()
@@ -321,7 +334,9 @@ def main() -> int:
                      "ours": ours_by_name[r["problem_name"]].status.value,
                      "agreement": agreement(ours_by_name[r["problem_name"]].status.value, r["status"]),
                      "ours_reasons": ours_by_name[r["problem_name"]].reason_codes(),
-                     "baseline_speedup": r.get("speedup"), "ours_speedup": ours_by_name[r["problem_name"]].speedup}
+                     "baseline_speedup": r.get("speedup"), "ours_speedup": ours_by_name[r["problem_name"]].speedup,
+                     "baseline_seconds": r.get("seconds"), "ours_at_s": arrived_s.get(r["problem_name"]),
+                     **({"baseline_error": r["error"]} if r.get("error") else {})}
                     for r in baseline_results]
     summary = {
         "gpu": verdicts[0].provenance.get("gpu"), "host_cpus": os.cpu_count(),
@@ -335,6 +350,7 @@ def main() -> int:
                  "cold_build_seconds_min": min(cold) if cold else None,
                  "cache_hit_build_seconds": hit.compile_seconds, "cache_hit_call_wall_seconds": hit_wall,
                  "gpu_worker_cpus": config.gpu_worker_cpus, "phase_seconds": phase_summary(verdicts),
+                 "verdicts_by_second": timeline(arrived_s.values(), ours_wall),
                  "statuses": {s: sum(v.status.value == s for v in verdicts) for s in {v.status.value for v in verdicts}}},
         "baseline": {"kind": args.baseline, "candidates": len(subset), "wall_seconds": baseline_wall,
                      "per_minute": len(subset) / baseline_wall * 60 if baseline_wall else None, **baseline_phases,

@@ -62,6 +62,8 @@ def test_the_two_sides_run_in_the_order_asked_and_the_baseline_reports_as_it_goe
             ran.append("baseline_build")
             return {"status": "built", "seconds": 0.01}
         ran.append("baseline_judge")
+        if pair["problem_name"] == "relu":  # a judge process that died: its error travels to the side-by-side row
+            return {"status": "runtime_error", "error": "python3: can't open file"}
         return {"status": "correct", "seconds": 0.01, "speedup": 1.4}
 
     monkeypatch.setattr(verify_throughput, "verify_batch", fake_verify_batch)
@@ -76,7 +78,13 @@ def test_the_two_sides_run_in_the_order_asked_and_the_baseline_reports_as_it_goe
         summary = json.loads((out / "verify_throughput.json").read_text())
         n = summary["ours"]["candidates"]
         assert summary["order"] == order and summary["baseline"]["candidates"] == n == 40
-        assert summary["agreement"]["same"] == n
+        assert summary["agreement"] == {"same": n - 1, "ours_rejects": 0, "differ": 1}
+        rows = {r["problem_name"]: r for r in summary["side_by_side"]}
+        assert rows["relu"]["baseline_error"] == "python3: can't open file"
+        assert "baseline_error" not in rows["mish"] and rows["mish"]["baseline_seconds"] == 0.01
+        assert all(r["ours_at_s"] is not None for r in rows.values())
+        marks = summary["ours"]["verdicts_by_second"]
+        assert list(marks)[0] == "10" and list(marks.values())[-1] == n
         sides = [step for i, step in enumerate(ran) if i == 0 or ran[i - 1] != step]
         assert sides == (["baseline_build", "baseline_judge", "ours"] if first else
                          ["ours", "baseline_build", "baseline_judge"])
@@ -116,3 +124,12 @@ def test_ours_alone_reports_its_settings_and_where_its_time_went(tmp_path, monke
     phases = summary["ours"]["phase_seconds"]
     assert phases["correctness"] == {"n": 40, "sum": 39 * 1.0 + 3.0, "median": 1.0}
     assert phases["timing"]["n"] == 39 and phases["timing.pairs"] == {"n": 39, "sum": 78.0, "median": 2.0}
+
+
+def test_the_timeline_counts_verdicts_in_by_each_mark():
+    assert verify_throughput.timeline([3.0, 12.5, 12.6, 31.0], 31.0) == {"10": 1, "20": 3, "30": 3, "40": 4}
+    assert verify_throughput.timeline([], 4.0) == {"10": 0}
+
+
+def test_the_baseline_runs_its_own_script_by_absolute_path():
+    assert Path(verify_throughput.SCRIPT).is_absolute() and Path(verify_throughput.SCRIPT).exists()
