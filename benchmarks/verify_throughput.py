@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -155,7 +156,8 @@ def run_parallel_baseline(pairs: list[dict], workdir: Path) -> tuple[float, list
             result = _baseline_process("--baseline-worker", pair, str(dirs[i] / "ext"), str(dirs[i]), 900)
         result.update(problem_name=pair["problem_name"], build_seconds=built.get("seconds"))
         results.append(result)
-        print(f"baseline {pair['problem_name']}: {result['status']} in {result.get('seconds', 0):.1f} s "
+        speedup = f" {result['speedup']:.3f}x" if result.get("speedup") else ""
+        print(f"baseline {pair['problem_name']}: {result['status']}{speedup} in {result.get('seconds', 0):.1f} s "
               f"(judged {i + 1}/{len(pairs)} at {time.perf_counter() - start:.1f} s)", flush=True)
     wall = time.perf_counter() - start
     return wall, results, {"build_wall_seconds": build_wall, "judge_wall_seconds": wall - build_wall}
@@ -230,6 +232,94 @@ def agreement(ours: str, baseline: str) -> str:
     return "differ"
 
 
+def build_summary(args: argparse.Namespace, config: VerifyConfig, pairs: list[dict], verdicts: list,
+                  ours_wall: float, arrived_s: dict[str, float], subset: list[dict], baseline_wall: float,
+                  baseline_results: list[dict], baseline_phases: dict, cache_hit: dict | None,
+                  host_cpus: int | None) -> dict:
+    """The numbers of one run: both sides' rates and their ratio, every candidate's two verdicts side by side,
+    our settings and where our time went."""
+    ours_by_name = {p["problem_name"]: v for p, v in zip(pairs, verdicts)}
+    build_seconds = [r.get("build_seconds", r.get("compile_seconds")) for r in baseline_results]
+    cold = [v.compile_seconds for v in verdicts if v.compile_seconds and not v.build_cache_hit]
+    side_by_side = [{"problem_name": r["problem_name"], "baseline": r["status"],
+                     "ours": ours_by_name[r["problem_name"]].status.value,
+                     "agreement": agreement(ours_by_name[r["problem_name"]].status.value, r["status"]),
+                     "ours_reasons": ours_by_name[r["problem_name"]].reason_codes(),
+                     "baseline_speedup": r.get("speedup"), "ours_speedup": ours_by_name[r["problem_name"]].speedup,
+                     "baseline_seconds": r.get("seconds"), "ours_at_s": arrived_s.get(r["problem_name"]),
+                     **({"baseline_error": r["error"]} if r.get("error") else {})}
+                    for r in baseline_results]
+    summary = {
+        "gpu": verdicts[0].provenance.get("gpu"), "host_cpus": host_cpus,
+        "time": verdicts[0].provenance.get("time"), "candidates_set": args.candidates,
+        "order": "baseline first" if args.baseline_first else "ours first",
+        "ours": {"candidates": len(verdicts), "wall_seconds": ours_wall, "per_minute": len(verdicts) / ours_wall * 60,
+                 "gpu_lanes": args.lanes, "build_batch_size": args.batch_size,
+                 "timing_samples": [config.timing_samples, config.timing_max_samples],
+                 "timing_budget_s": config.timing_budget_s, "warmup_seconds": config.warmup_seconds,
+                 "cold_build_seconds_median": statistics.median(cold) if cold else None,
+                 "cold_build_seconds_min": min(cold) if cold else None, **(cache_hit or {}),
+                 "gpu_worker_cpus": config.gpu_worker_cpus, "phase_seconds": phase_summary(verdicts),
+                 "verdicts_by_second": timeline(arrived_s.values(), ours_wall),
+                 "statuses": {s: sum(v.status.value == s for v in verdicts) for s in {v.status.value for v in verdicts}}},
+        "baseline": {"kind": args.baseline, "candidates": len(subset), "wall_seconds": baseline_wall,
+                     "per_minute": len(subset) / baseline_wall * 60 if baseline_wall else None, **baseline_phases,
+                     **({"build_seconds": build_seconds} if any(x is not None for x in build_seconds) else {})},
+        "agreement": {kind: sum(r["agreement"] == kind for r in side_by_side)
+                      for kind in ("same", "ours_rejects", "differ")},
+        "side_by_side": side_by_side,
+    }
+    baseline_rate = summary["baseline"]["per_minute"]
+    summary["throughput_ratio"] = summary["ours"]["per_minute"] / baseline_rate if baseline_rate else None
+    return summary
+
+
+_OURS_LINE = re.compile(r"^ours (\S+): .*\(at ([0-9.]+) s\)$")
+_OURS_WALL = re.compile(r"^ours: (\d+) candidates in ([0-9.]+) s$")
+_BASELINE_BUILDS = re.compile(r"^baseline: (\d+) builds in ([0-9.]+) s$")
+_BASELINE_JUDGED = re.compile(r"^baseline (\S+): (\w+)(?: ([0-9.]+)x)? in ([0-9.]+) s \(judged (\d+)/(\d+) at ([0-9.]+) s\)$")
+
+
+def summary_from_log(args: argparse.Namespace, config: VerifyConfig, pairs: list[dict], log_text: str,
+                     partial_rows: list[dict]) -> dict:
+    """The summary of a run whose process ended before it wrote one (a device lease running out), from what it
+    printed and the verdicts it wrote as they landed. Both sides must have finished: a baseline cut short bounds
+    its rate, it does not measure it, and this says so instead of guessing."""
+    from dice_pipeline.verify.verdict import Verdict
+
+    ours_wall: float | None = None
+    baseline_builds: float | None = None
+    arrived_s: dict[str, float] = {}
+    judged: dict[str, dict] = {}
+    for line in log_text.splitlines():
+        if m := _OURS_LINE.match(line):
+            arrived_s[m.group(1)] = float(m.group(2))
+        elif m := _OURS_WALL.match(line):
+            ours_wall = float(m.group(2))
+        elif m := _BASELINE_BUILDS.match(line):
+            baseline_builds = float(m.group(2))
+        elif m := _BASELINE_JUDGED.match(line):
+            judged[m.group(1)] = {"problem_name": m.group(1), "status": m.group(2),
+                                  "speedup": float(m.group(3)) if m.group(3) else None,
+                                  "seconds": float(m.group(4)), "at": float(m.group(7))}
+    by_name = {row["problem_name"]: Verdict.from_dict(row["verdict"]) for row in partial_rows}
+    missing_ours = [p["problem_name"] for p in pairs if p["problem_name"] not in by_name]
+    missing_baseline = [p["problem_name"] for p in pairs if p["problem_name"] not in judged]
+    if ours_wall is None or missing_ours:
+        raise ValueError(f"our run did not finish in this log ({len(missing_ours)} verdicts missing)")
+    if args.baseline != "none" and (baseline_builds is None or missing_baseline):
+        raise ValueError(f"the baseline did not finish in this log ({len(missing_baseline)} of {len(pairs)} not "
+                         "judged): its rate is only bounded")
+    results = [judged[p["problem_name"]] for p in pairs] if args.baseline != "none" else []
+    baseline_wall = max((r["at"] for r in results), default=0.0)
+    phases = {"build_wall_seconds": baseline_builds, "judge_wall_seconds": baseline_wall - baseline_builds} \
+        if results else {}
+    summary = build_summary(args, config, pairs, [by_name[p["problem_name"]] for p in pairs], ours_wall, arrived_s,
+                            pairs if results else [], baseline_wall, results, phases, None, None)
+    summary["rebuilt_from_log"] = True
+    return summary
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=False, default="benchmarks/results")
@@ -250,6 +340,10 @@ def main() -> int:
                         help="run the baseline before ours (default: ours first; the order never changes a number)")
     parser.add_argument("--verdict-store", default=None,
                         help="also put our verdicts in this verdict store (default OUT/verdict_store)")
+    parser.add_argument("--from-log", default=None,
+                        help="write OUT/verify_throughput.json from a run's printed log and OUT/"
+                             "seed_verdicts.partial.jsonl (a run cut short before its summary), nothing judged; "
+                             "pass the run's own flags")
     parser.add_argument("--baseline-worker", help=argparse.SUPPRESS)
     parser.add_argument("--baseline-build", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -266,18 +360,25 @@ def main() -> int:
     seeds = load_seed_pairs()
     pairs = seeds + (structure_pairs() if args.candidates == "seed+structures" else [])
 
-    cache_dir = tempfile.mkdtemp(prefix="dice_verify_bench_cache_")
     # The store starts empty here (no verdict is reused), so the throughput is measured, not remembered.
     store_dir = Path(args.verdict_store or out / "verdict_store")
-    if store_dir.exists() and any(store_dir.rglob("*.json")):
+    if not args.from_log and store_dir.exists() and any(store_dir.rglob("*.json")):
         parser.error(f"{store_dir} already holds verdicts: the benchmark needs an empty store")
     timing = {} if args.timing_max_samples is None else {"timing_max_samples": args.timing_max_samples}
+    if not args.from_log:  # a fresh, empty build cache: every build is cold
+        timing["build_cache_dir"] = tempfile.mkdtemp(prefix="dice_verify_bench_cache_")
     if args.gpu_worker_cpus is not None:
         timing["gpu_worker_cpus"] = args.gpu_worker_cpus
     if args.warmup_seconds is not None:
         timing["warmup_seconds"] = args.warmup_seconds
-    config = VerifyConfig(build_cache_dir=cache_dir, verdict_store_dir=str(store_dir), gpu_lanes=args.lanes,
+    config = VerifyConfig(verdict_store_dir=str(store_dir), gpu_lanes=args.lanes,
                           build_batch_size=args.batch_size, **timing)
+    if args.from_log:
+        rows = [json.loads(line) for line in (out / "seed_verdicts.partial.jsonl").read_text().splitlines() if line]
+        summary = summary_from_log(args, config, pairs, Path(args.from_log).read_text(), rows)
+        (out / "verify_throughput.json").write_text(json.dumps(summary, indent=1, default=str))
+        print(json.dumps({k: v for k, v in summary.items() if k != "side_by_side"}, indent=1, default=str))
+        return 0
     jobs = [VerifyJob(p["uuid"], p["pytorch_code"], p["generated_code"]) for p in pairs]
     uuid_to_name = {p["uuid"]: p["problem_name"] for p in pairs}
 
@@ -327,40 +428,10 @@ def main() -> int:
     hit_start = time.perf_counter()
     hit = compile_only(pairs[0]["pytorch_code"], pairs[0]["generated_code"], config)
     hit_wall = time.perf_counter() - hit_start
-
-    ours_by_name = {p["problem_name"]: v for p, v in zip(pairs, verdicts)}
-    cold = [v.compile_seconds for v in verdicts if v.compile_seconds and not v.build_cache_hit]
-    side_by_side = [{"problem_name": r["problem_name"], "baseline": r["status"],
-                     "ours": ours_by_name[r["problem_name"]].status.value,
-                     "agreement": agreement(ours_by_name[r["problem_name"]].status.value, r["status"]),
-                     "ours_reasons": ours_by_name[r["problem_name"]].reason_codes(),
-                     "baseline_speedup": r.get("speedup"), "ours_speedup": ours_by_name[r["problem_name"]].speedup,
-                     "baseline_seconds": r.get("seconds"), "ours_at_s": arrived_s.get(r["problem_name"]),
-                     **({"baseline_error": r["error"]} if r.get("error") else {})}
-                    for r in baseline_results]
-    summary = {
-        "gpu": verdicts[0].provenance.get("gpu"), "host_cpus": os.cpu_count(),
-        "time": verdicts[0].provenance.get("time"), "candidates_set": args.candidates,
-        "order": "baseline first" if args.baseline_first else "ours first",
-        "ours": {"candidates": len(jobs), "wall_seconds": ours_wall, "per_minute": len(jobs) / ours_wall * 60,
-                 "gpu_lanes": args.lanes, "build_batch_size": args.batch_size,
-                 "timing_samples": [config.timing_samples, config.timing_max_samples],
-                 "timing_budget_s": config.timing_budget_s, "warmup_seconds": config.warmup_seconds,
-                 "cold_build_seconds_median": statistics.median(cold) if cold else None,
-                 "cold_build_seconds_min": min(cold) if cold else None,
-                 "cache_hit_build_seconds": hit.compile_seconds, "cache_hit_call_wall_seconds": hit_wall,
-                 "gpu_worker_cpus": config.gpu_worker_cpus, "phase_seconds": phase_summary(verdicts),
-                 "verdicts_by_second": timeline(arrived_s.values(), ours_wall),
-                 "statuses": {s: sum(v.status.value == s for v in verdicts) for s in {v.status.value for v in verdicts}}},
-        "baseline": {"kind": args.baseline, "candidates": len(subset), "wall_seconds": baseline_wall,
-                     "per_minute": len(subset) / baseline_wall * 60 if baseline_wall else None, **baseline_phases,
-                     "build_seconds": [r.get("build_seconds", r.get("compile_seconds")) for r in baseline_results]},
-        "agreement": {kind: sum(r["agreement"] == kind for r in side_by_side)
-                      for kind in ("same", "ours_rejects", "differ")},
-        "side_by_side": side_by_side,
-    }
-    baseline_rate = summary["baseline"]["per_minute"]
-    summary["throughput_ratio"] = summary["ours"]["per_minute"] / baseline_rate if baseline_rate else None
+    summary = build_summary(args, config, pairs, verdicts, ours_wall, arrived_s, subset, baseline_wall,
+                            baseline_results, baseline_phases,
+                            {"cache_hit_build_seconds": hit.compile_seconds, "cache_hit_call_wall_seconds": hit_wall},
+                            os.cpu_count())
     (out / "verify_throughput.json").write_text(json.dumps(summary, indent=1, default=str))
     print(json.dumps({k: v for k, v in summary.items() if k != "side_by_side"}, indent=1, default=str))
     return 0

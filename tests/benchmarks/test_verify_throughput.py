@@ -3,10 +3,13 @@ the parallel baseline, and how two verdicts are compared."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from dice_pipeline.verify.batched_build import read_inline_extensions
 
@@ -133,3 +136,61 @@ def test_the_timeline_counts_verdicts_in_by_each_mark():
 
 def test_the_baseline_runs_its_own_script_by_absolute_path():
     assert Path(verify_throughput.SCRIPT).is_absolute() and Path(verify_throughput.SCRIPT).exists()
+
+
+def _printed_run(pairs, baseline_judged: int) -> tuple[str, list[dict]]:
+    """What a run prints, and the verdicts it writes as they land: ours judged every pair, the baseline the first
+    `baseline_judged` of them."""
+    from dice_pipeline.verify.verdict import Status, Verdict
+
+    lines, rows = [], []
+    for i, pair in enumerate(pairs):
+        status = Status.DECEPTIVE if i == 0 else Status.CORRECT
+        verdict = Verdict(status=status, speedup=None if i == 0 else 1.5, provenance={"gpu": "H100", "time": "t"})
+        lines.append(f"ours {pair['problem_name']}: {verdict.summary()} (at {10.0 + i:.1f} s)")
+        rows.append({"job_id": pair["uuid"], "problem_name": pair["problem_name"], "verdict": verdict.to_dict()})
+    lines.append(f"ours: {len(pairs)} candidates in {10.0 + len(pairs):.1f} s")
+    lines += [f"baseline build {i + 1}/{len(pairs)} ({p['problem_name']}: built) at {50.0 + i:.1f} s"
+              for i, p in enumerate(pairs)]
+    lines.append(f"baseline: {len(pairs)} builds in {50.0 + len(pairs):.1f} s")
+    for i, pair in enumerate(pairs[:baseline_judged]):
+        speedup = "" if i == 1 else " 1.400x"  # a line without one, as older runs printed
+        lines.append(f"baseline {pair['problem_name']}: correct{speedup} in 2.0 s (judged {i + 1}/{len(pairs)} at "
+                     f"{100.0 + 2 * i:.1f} s)")
+    return "\n".join(lines) + "\n", rows
+
+
+def test_a_run_cut_short_before_its_summary_is_summarised_from_its_log(tmp_path, monkeypatch):
+    from dice_pipeline.seed_corpus import load_seed_pairs
+
+    pairs = load_seed_pairs()
+    log, rows = _printed_run(pairs, len(pairs))
+    (tmp_path / "log.txt").write_text(log)
+    (tmp_path / "seed_verdicts.partial.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(verify_throughput, "verify_batch", lambda *a, **k: pytest.fail("nothing is judged again"))
+    monkeypatch.setattr(sys, "argv", ["verify_throughput.py", "--out", str(tmp_path), "--baseline", "parallel",
+                                      "--lanes", "4", "--from-log", str(tmp_path / "log.txt")])
+    assert verify_throughput.main() == 0
+    summary = json.loads((tmp_path / "verify_throughput.json").read_text())
+    n = len(pairs)
+    assert summary["rebuilt_from_log"] and summary["ours"]["gpu_lanes"] == 4
+    assert summary["ours"]["wall_seconds"] == 10.0 + n and summary["baseline"]["wall_seconds"] == 100.0 + 2 * (n - 1)
+    assert summary["baseline"]["build_wall_seconds"] == 50.0 + n and "build_seconds" not in summary["baseline"]
+    assert summary["throughput_ratio"] == pytest.approx((100.0 + 2 * (n - 1)) / (10.0 + n))
+    assert summary["agreement"] == {"same": n - 1, "ours_rejects": 1, "differ": 0}
+    rows_out = summary["side_by_side"]
+    assert rows_out[0]["baseline_speedup"] == 1.4 and rows_out[1]["baseline_speedup"] is None
+    assert rows_out[2]["ours_at_s"] == 12.0 and summary["ours"]["verdicts_by_second"]["10"] == 1
+
+
+def test_a_baseline_cut_short_is_not_given_a_rate():
+    from dice_pipeline.seed_corpus import load_seed_pairs
+    from dice_pipeline.verify import VerifyConfig
+
+    pairs = load_seed_pairs()
+    log, rows = _printed_run(pairs, len(pairs) - 3)
+    args = argparse.Namespace(baseline="parallel", candidates="seed", baseline_first=False, lanes=1, batch_size=8)
+    with pytest.raises(ValueError, match="3 of 40 not judged"):
+        verify_throughput.summary_from_log(args, VerifyConfig(), pairs, log, rows)
+    with pytest.raises(ValueError, match="our run did not finish"):
+        verify_throughput.summary_from_log(args, VerifyConfig(), pairs, log, rows[:-1])
