@@ -62,16 +62,16 @@ def default_corpus() -> Path:
     return Path(transformers.__file__).parent
 
 
-def read_code_corpus(roots: list[Path], max_bytes: int, seed: int = 0) -> list[str]:
-    """Up to `max_bytes` of .py files under `roots`, in a seeded random order; files under 2 kB and files identical
-    to one already read are skipped (so no held-out file is a copy of a trained one)."""
+def read_code_corpus(roots: list[Path], max_bytes: int, seed: int = 0, min_chars: int = 2000) -> list[str]:
+    """Up to `max_bytes` of .py files under `roots`, in a seeded random order; files under `min_chars` and files
+    identical to one already read are skipped (so no held-out file is a copy of a trained one)."""
     files = sorted(path for root in roots for path in root.rglob("*.py"))
     random.Random(seed).shuffle(files)
     texts, seen, total = [], set(), 0
     for path in files:
         text = path.read_text(encoding="utf-8", errors="replace")
         digest = hashlib.sha1(text.encode()).hexdigest()
-        if len(text) < 2000 or digest in seen:  # tiny files (__init__ stubs) carry little code
+        if len(text) < min_chars or digest in seen:  # tiny files (__init__ stubs) carry little code
             continue
         seen.add(digest)
         texts.append(text)
@@ -130,6 +130,9 @@ def main() -> None:
     parser.add_argument("--corpus", type=Path, nargs="+", default=None,
                         help="folders of .py files (default: the installed transformers package)")
     parser.add_argument("--corpus-mb", type=float, default=24.0)
+    parser.add_argument("--prompt-corpus", type=Path, nargs="+", default=None,
+                        help="take the prompts (and the held-out loss) from every .py file here instead, all held out "
+                             "(e.g. kernel files a checkpoint never trained on); --corpus then only feeds training")
     parser.add_argument("--vocab-size", type=int, default=8192)
     parser.add_argument("--preset", default="small")
     parser.add_argument("--init-from", type=Path, default=None,
@@ -147,6 +150,8 @@ def main() -> None:
                         help="batch 1: also time dynamic decoding at these thresholds (speed against the AR run, "
                              "token agreement with static decoding as the quality cost)")
     parser.add_argument("--prompt-tokens", type=int, default=128)
+    parser.add_argument("--prompt-min-chars", type=int, default=2000,
+                        help="--prompt-corpus files shorter than this are skipped (room for prompt + continuation)")
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--batch1-prompts", type=int, default=4,
@@ -163,9 +168,17 @@ def main() -> None:
 
     started = time.perf_counter()
     corpus = args.corpus or [default_corpus()]
-    texts = read_code_corpus(corpus, int(args.corpus_mb * 2**20))
-    held_out = min(32, len(texts) // 4)  # prompts come from files the model never trained on
-    heldout_texts, train_texts = texts[:held_out], texts[held_out:]
+    if args.prompt_corpus:
+        # every prompt file is held out; the training corpus is read only where there is training
+        heldout_texts = read_code_corpus(args.prompt_corpus, 2**40, min_chars=args.prompt_min_chars)
+        if not heldout_texts:
+            parser.error(f"no .py file of {args.prompt_min_chars}+ characters under {args.prompt_corpus}")
+        train_texts = read_code_corpus(corpus, int(args.corpus_mb * 2**20)) if args.train_seconds > 0 else []
+        texts, held_out = heldout_texts + train_texts, len(heldout_texts)
+    else:
+        texts = read_code_corpus(corpus, int(args.corpus_mb * 2**20))
+        held_out = min(32, len(texts) // 4)  # prompts come from files the model never trained on
+        heldout_texts, train_texts = texts[:held_out], texts[held_out:]
     if args.init_from:
         model, tokenizer = load_pretrained_as_block_diffusion(args.init_from, block_size=args.block_size)
         model = model.float().to(device)
@@ -175,7 +188,10 @@ def main() -> None:
     windows = text_windows(tokenizer, train_texts, args.window)
     heldout_windows = text_windows(tokenizer, heldout_texts, args.window)[:16]
     corpus_line = (f"{len(texts)} distinct .py files, {sum(map(len, texts)) / 2**20:.1f} MiB from "
-                   f"{', '.join(map(str, corpus))} ({held_out} held out)")
+                   f"{', '.join(map(str, corpus))} ({held_out} held out)") if not args.prompt_corpus else (
+        f"prompts: {held_out} .py files, {sum(map(len, heldout_texts)) / 2**20:.2f} MiB from "
+        f"{', '.join(map(str, args.prompt_corpus))} (all held out); training: {len(train_texts)} files from "
+        f"{', '.join(map(str, corpus))}")
     print(f"corpus: {corpus_line}; tokenizer {len(tokenizer)} tokens; {len(windows)} windows of {args.window} "
           f"({time.perf_counter() - started:.0f}s)", flush=True)
 

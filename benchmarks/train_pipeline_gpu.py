@@ -142,6 +142,29 @@ def split_data(data_dir: Path, heldout: int, kernelbench_sample: int, out: Path,
     return {"paths": paths, "evaluation": evaluation, "counts": counts}
 
 
+def decode_prompt_files(data_dir: Path, train_path: Path, out: Path) -> dict:
+    """Kernel files no SFT step saw, as .py files under `out` (decode_throughput.py --prompt-corpus): the held-out
+    CuKe samples' answers and the seed corpus's candidates whose file is not an SFT answer (those the filter kept
+    out: slower, wrong or deceptive). Prompts from the domain the checkpoint was trained on, never from its data."""
+    from dice_pipeline.seed_corpus import load_seed_pairs
+
+    trained = {extract_code_block(r["response"]) or r["response"] for r in stages.read_rows(train_path)}
+    trained_references = {r["pytorch_code"] for r in stages.read_rows(train_path)}
+    files: dict[str, str] = {}
+    for row in stages.read_rows(data_dir / "sft_samples.jsonl"):
+        code = extract_code_block(row["response"]) or ""
+        if row["pytorch_code"] not in trained_references and code and code not in trained:
+            files[f"heldout_cuke_{_stable_hash(row['pytorch_code']) % 10**8:08d}"] = code
+    for pair in load_seed_pairs():
+        if pair["generated_code"] not in trained:
+            files[f"seed_{pair['problem_name']}"] = pair["generated_code"]
+    out.mkdir(parents=True, exist_ok=True)
+    for name, code in files.items():
+        (out / f"{re.sub(r'[^A-Za-z0-9_]', '_', name)}.py").write_text(code)
+    return {"files": len(files), "heldout_cuke": sum(n.startswith("heldout_cuke_") for n in files),
+            "seed_not_in_sft": sum(n.startswith("seed_") for n in files), "folder": str(out)}
+
+
 def _rows(path: Path) -> list[dict]:
     return stages.read_rows(path) if path.is_file() else []
 
@@ -306,6 +329,13 @@ def main() -> int:
                         help="then run benchmarks/decode_throughput.py on the SFT checkpoint, in --decode-budget-s "
                              "kept out of --budget-s")
     parser.add_argument("--decode-budget-s", type=float, default=150.0)
+    parser.add_argument("--stages", choices=("all", "sft"), default="all",
+                        help="sft: convert, SFT and its evaluation only (e.g. a longer SFT for --decode-benchmark)")
+    parser.add_argument("--sft-seconds", type=float, default=None,
+                        help="SFT's time box (default: its share of --budget-s)")
+    parser.add_argument("--decode-prompts", choices=("kernels", "python"), default="kernels",
+                        help="kernels: kernel files the SFT never saw (decode_prompt_files); python: the "
+                             "installed transformers package's files, as decode_throughput.py does alone")
     args = parser.parse_args()
 
     args.out.mkdir(parents=True, exist_ok=True)
@@ -354,6 +384,8 @@ def main() -> int:
             samples_per_step=4 if args.tiny else args.sft_samples_per_step,
             max_length=1536 if args.tiny else args.sft_max_length, max_seconds=stage_seconds(run, 0.45, reserve),
             save_every=10**9, final_lr_ratio=0.1, attention_backend="dense", tokenizer_vocab_size=1024)
+        if args.sft_seconds is not None:
+            sft_config.max_seconds = args.sft_seconds
         result = run.phase("sft", stages.run_sft_stage, checkpoint, split["paths"]["sft"], work / "sft", sft_config,
                            resume=False, on_step=lambda r: r["step"] % 20 == 0 and run.log(f"sft {r}"))
         if result:
@@ -366,8 +398,10 @@ def main() -> int:
     verify_config = dict(timing_samples=10, timing_max_samples=20, timing_budget_s=1.0, run_timeout_s=120.0,
                          build_without_gpu=False)
     for stage, tasks_key, share in (("rl_infilling", "infilling", 0.5), ("rl_end_to_end", "end_to_end", 0.8)):
-        if not checkpoint or not stages.read_rows(split["paths"][tasks_key]) or run.left() < 0.25 * reserve:
-            run.log(f"{stage}: skipped (no checkpoint, no tasks or no time: {run.left():.0f} s left)")
+        if args.stages == "sft" or not checkpoint or not stages.read_rows(split["paths"][tasks_key]) \
+                or run.left() < 0.25 * reserve:
+            run.log(f"{stage}: skipped (--stages {args.stages}, no checkpoint, no tasks or no time: "
+                    f"{run.left():.0f} s left)")
             run.results["phases"][stage] = {"ok": False, "skipped": True, "seconds": 0.0}
             continue
         seconds = stage_seconds(run, share, reserve)
@@ -398,6 +432,11 @@ def main() -> int:
             command = [sys.executable, str(ROOT / "benchmarks" / "decode_throughput.py"), "--init-from",
                        run.results["sft"]["checkpoint"], "--train-seconds", "0", "--corpus-mb", "4",
                        "--json", str(args.out / "decode_throughput.json")]
+            if args.decode_prompts == "kernels":
+                prompts = decode_prompt_files(args.data, split["paths"]["sft"], work / "decode_prompts")
+                run.results["decode_prompts"] = prompts
+                # kernel files are shorter than library modules: 1,000 characters leave room for 128 + 256 tokens
+                command += ["--prompt-corpus", prompts["folder"], "--prompt-min-chars", "1000"]
             if args.tiny:
                 command += ["--device", "cpu", "--new-tokens", "16", "--batch-sizes", "1", "--repeats", "1",
                             "--corpus-mb", "0.3", "--window", "128", "--batch1-prompts", "1"]

@@ -5,6 +5,7 @@ cold builds, 5 allclose trials at 1e-2, 100 timed trials with CUDA events). Run 
     python benchmarks/verify_throughput.py --out DIR [--candidates seed+structures] [--baseline parallel]
                                            [--lanes 2] [--batch-size 8] [--timing-max-samples 100]
                                            [--baseline-first] [--gpu-worker-cpus N] [--warmup-seconds S]
+                                           [--warmup-min-seconds S] [--parallel-group-builds N] [--no-light-headers]
 
 Baselines: "parallel" (the strongest plain one) builds every candidate at once on every core, each in a fresh
 process and extension folder, then judges them one at a time in fresh processes that load the built extensions;
@@ -257,6 +258,10 @@ def build_summary(args: argparse.Namespace, config: VerifyConfig, pairs: list[di
                  "gpu_lanes": args.lanes, "build_batch_size": args.batch_size,
                  "timing_samples": [config.timing_samples, config.timing_max_samples],
                  "timing_budget_s": config.timing_budget_s, "warmup_seconds": config.warmup_seconds,
+                 "warmup_min_seconds": config.warmup_min_seconds,
+                 "warmup_steady": sum(bool(v.provenance.get("warmup_steady")) for v in verdicts),
+                 "parallel_group_builds": config.parallel_group_builds,
+                 "light_cuda_headers": config.light_cuda_headers,
                  "cold_build_seconds_median": statistics.median(cold) if cold else None,
                  "cold_build_seconds_min": min(cold) if cold else None, **(cache_hit or {}),
                  "gpu_worker_cpus": config.gpu_worker_cpus, "phase_seconds": phase_summary(verdicts),
@@ -333,6 +338,12 @@ def main() -> int:
                         help="cores our GPU workers get a GPU (VerifyConfig.gpu_worker_cpus; default the config's)")
     parser.add_argument("--warmup-seconds", type=float, default=None,
                         help="our warm-up before each candidate's timed pairs (VerifyConfig.warmup_seconds)")
+    parser.add_argument("--warmup-min-seconds", type=float, default=None,
+                        help="our shortest warm-up (VerifyConfig.warmup_min_seconds; = --warmup-seconds: a fixed one)")
+    parser.add_argument("--parallel-group-builds", type=int, default=None,
+                        help="our group builds at once (VerifyConfig.parallel_group_builds; 0: build cores / 2)")
+    parser.add_argument("--no-light-headers", action="store_true",
+                        help="our builds without the light CUDA headers (VerifyConfig.light_cuda_headers=False)")
     parser.add_argument("--timing-max-samples", type=int, default=None,
                         help="our timed reference/candidate pairs at most (VerifyConfig.timing_max_samples; default "
                              "the config's). 100 = the baseline's 100 timed candidate calls")
@@ -371,6 +382,12 @@ def main() -> int:
         timing["gpu_worker_cpus"] = args.gpu_worker_cpus
     if args.warmup_seconds is not None:
         timing["warmup_seconds"] = args.warmup_seconds
+    if args.warmup_min_seconds is not None:
+        timing["warmup_min_seconds"] = args.warmup_min_seconds
+    if args.parallel_group_builds is not None:
+        timing["parallel_group_builds"] = args.parallel_group_builds
+    if args.no_light_headers:
+        timing["light_cuda_headers"] = False
     config = VerifyConfig(verdict_store_dir=str(store_dir), gpu_lanes=args.lanes,
                           build_batch_size=args.batch_size, **timing)
     if args.from_log:

@@ -81,6 +81,10 @@ def gpu_inventory() -> list[GpuInfo]:
     return [g for g in gpus if visible is None or g.index in visible]
 
 
+# Compiler processes one build worker runs at once (ninja's MAX_JOBS: a candidate's C++ and CUDA files side by side).
+BUILD_JOBS = 2
+
+
 def split_cpus(reserved: int) -> tuple[set[int] | None, set[int] | None]:
     """(cores for the GPU workers, cores for builds) out of this process's cores, or (None, None) where the host
     has fewer than 4x `reserved` of them."""
@@ -128,6 +132,15 @@ class _BatchRun:
         workers = max(1, self.config.gpu_lanes) * max(1, len(self.gpus))
         return max(1, len(self.gpu_worker_cpus or ()) // workers)
 
+    def group_build_slots(self) -> int:
+        """Group builds compiling at once: config.parallel_group_builds, else as many as the build cores run
+        without oversubscription (BUILD_JOBS compiler processes each). All groups at once would finish together,
+        each slowed by the others, and leave the GPU idle until then; in waves the first groups reach it sooner."""
+        if self.config.parallel_group_builds > 0:
+            return self.config.parallel_group_builds
+        cores = len(self.build_cpus) if self.build_cpus else len(os.sched_getaffinity(0))
+        return max(1, cores // BUILD_JOBS)
+
     def lane_memory_fraction(self) -> float | None:
         base = self.config.gpu_memory_fraction
         return (base or 0.9) / self.config.gpu_lanes if self.shared_gpus else base
@@ -167,7 +180,7 @@ class _BatchRun:
                 "HOME": str(scratch), "TMPDIR": str(scratch), "PYTHONPATH": REPO_ROOT, "PYTHONUNBUFFERED": "1",
                 # nvidia-smi numbers GPUs in PCI order; make CUDA use the same order so the index means the same GPU.
                 "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-                "CUDA_VISIBLE_DEVICES": "" if device is None else str(device), "MAX_JOBS": "2",
+                "CUDA_VISIBLE_DEVICES": "" if device is None else str(device), "MAX_JOBS": str(BUILD_JOBS),
                 "TORCH_EXTENSIONS_DIR": str(Path(self.config.build_cache_dir).resolve() / "torch_extensions"),
             })
             timeout = self.config.stage_time_limit(stage)
@@ -273,6 +286,9 @@ class _BatchRun:
             payload.setdefault("provenance", {})["first_attempt_out_of_memory"] = first_attempt
         provenance = self.provenance({**facts, **payload.pop("provenance", {}),
                                       "device_index": device, "run_seconds": round(outcome.wall_seconds, 2),
+                                      # the worker's own main() after its go; the rest of run_seconds is the
+                                      # process's start after the go and its exit
+                                      "worker_seconds": round(payload.get("worker_seconds", 0.0), 2),
                                       **({"gpu_wait_s": round(outcome.gpu_wait_s, 3)}
                                          if outcome.gpu_wait_s is not None else {}),
                                       "extension_load_seconds": payload.get("compile_seconds"),
@@ -437,7 +453,13 @@ def verify_batch(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,
             pool.submit(run.warm_precompiled_header)
         # Groups first (each is one long build), then the candidates that build alone; a group's candidates
         # start their own (now cached) build stages as soon as their group is done.
-        group_futures: dict[Future[dict[str, Any]], BuildGroup] = {pool.submit(run.build_group, g): g for g in groups}
+        slots = threading.BoundedSemaphore(run.group_build_slots())
+
+        def build_group(group: BuildGroup) -> dict[str, Any]:
+            with slots:
+                return run.build_group(group)
+
+        group_futures: dict[Future[dict[str, Any]], BuildGroup] = {pool.submit(build_group, g): g for g in groups}
         grouped = {i for g in groups for i in g.indices}
         builds = [pool.submit(build_one, i) for i in to_build if i not in grouped]
         for done in as_completed(group_futures):

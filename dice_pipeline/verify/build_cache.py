@@ -1,6 +1,8 @@
 """Build a candidate's CUDA extension fast and once: intercepts `torch.utils.cpp_extension.load_inline`/`load`
 inside the worker, keys each build by a content hash (sources, flags, torch/CUDA versions, arch, recipe), builds for
-the local arch only, trims `torch/extension.h` out of CUDA sources and precompiles it for the C++ binding file.
+the local arch only, compiles CUDA sources with lighter torch headers than they ask for (ATen's core and the
+operators they call, else `torch/types.h` for `torch/extension.h`, else the source as written) and precompiles
+`torch/extension.h` for the C++ binding file.
 
 Two modes: "torch" builds and loads the extension through torch's own cpp_extension (GPU host, CUDA torch);
 "compile_only" runs g++/nvcc -c directly on the same generated files with the installed torch's headers (a CPU
@@ -20,7 +22,7 @@ import shlex
 import subprocess
 import sysconfig
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -32,6 +34,39 @@ FULL_HEADER_INCLUDE = re.compile(r'#\s*include\s*[<"]torch/extension\.h[>"]')
 # in main.cpp.
 TRIMMED_HEADER_INCLUDE = "#include <torch/types.h>"
 PCH_HEADER_NAME = "dice_torch_extension_pch.h"
+# The "light" variant goes further: torch/types.h pulls in all of ATen's operators and the autograd frontend (about
+# 35 s of nvcc front-end work for an otherwise empty CUDA file on the 2-core dev machine), while a kernel file's host
+# code needs the Tensor class, TORCH_CHECK, the dispatch macros and the few at::/torch:: functions it calls (about
+# 17 s with their per-operator headers). Where a source includes some other torch header, ATen/ATen.h or
+# ATen/Functions.h, lightening gains nothing (and could collide with torch/types.h), so it is not tried.
+LIGHTENED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/(?:extension|types)\.h[>"][^\n]*$', re.M)
+HEAVY_INCLUDE = re.compile(r'#[ \t]*include[ \t]*[<"](?:torch/(?!extension\.h|types\.h)|ATen/ATen\.h|ATen/Functions\.h)')
+# A call of an ATen function, qualified as torch:: or at:: (optionally with template arguments).
+OP_CALL = re.compile(r'\b(?:torch|at)::(\w+)\s*(?:<[^<>;(){}]*>\s*)?\(')
+# What torch/types.h adds to namespace torch on top of ATen (torch 2.x), so torch:: spellings keep working.
+_TORCH_NAMESPACE = """namespace torch {
+using namespace at;  // NOLINT
+using std::nullopt;
+using std::optional;
+using Dtype = at::ScalarType;
+constexpr auto kUInt8 = at::kByte;
+constexpr auto kInt8 = at::kChar;
+constexpr auto kInt16 = at::kShort;
+constexpr auto kInt32 = at::kInt;
+constexpr auto kInt64 = at::kLong;
+constexpr auto kFloat16 = at::kHalf;
+constexpr auto kFloat32 = at::kFloat;
+constexpr auto kFloat64 = at::kDouble;
+constexpr auto kU8 = kUInt8;
+constexpr auto kI8 = kInt8;
+constexpr auto kI16 = kInt16;
+constexpr auto kI32 = kInt32;
+constexpr auto kI64 = kInt64;
+constexpr auto kF16 = kFloat16;
+constexpr auto kF32 = kFloat32;
+constexpr auto kF64 = kFloat64;
+}  // namespace torch
+"""
 
 
 class ExtensionCompileError(RuntimeError):
@@ -93,6 +128,24 @@ def trim_cuda_headers(cuda_sources: list[str]) -> list[str] | None:
     """CUDA sources with `torch/extension.h` replaced by `torch/types.h`, or None when there is nothing to trim."""
     trimmed = [FULL_HEADER_INCLUDE.sub(TRIMMED_HEADER_INCLUDE, s) for s in cuda_sources]
     return trimmed if trimmed != cuda_sources else None
+
+
+def light_cuda_sources(cuda_sources: list[str], no_implicit_headers: bool, include_root: Path) -> list[str] | None:
+    """The "light" CUDA sources: a prelude of ATen's core headers, the dispatch macros and the per-operator headers
+    of the at::/torch:: functions the sources call (those torch ships), then the sources with their torch/extension.h
+    and torch/types.h lines emptied (line numbers kept). None where lightening cannot help: no CUDA source, a
+    heavier torch include, or nothing heavy included at all (no implicit header and none of their own)."""
+    text = "\n".join(cuda_sources)
+    if not cuda_sources or HEAVY_INCLUDE.search(text):
+        return None
+    if no_implicit_headers and not LIGHTENED_INCLUDE.search(text):
+        return None
+    ops = sorted({name for name in OP_CALL.findall(text) if (include_root / "ATen" / "ops" / f"{name}.h").is_file()})
+    prelude = "\n".join(["// dice-pipeline light prelude (in place of torch/types.h)", "#include <cuda.h>",
+                         "#include <cuda_runtime.h>", "#include <optional>", "#include <ATen/core/Tensor.h>",
+                         "#include <ATen/Dispatch.h>", *(f"#include <ATen/ops/{name}.h>" for name in ops),
+                         _TORCH_NAMESPACE])
+    return [prelude] + [LIGHTENED_INCLUDE.sub("", source) for source in cuda_sources]
 
 
 def binding_source(sources: ExtensionSources) -> str:
@@ -191,7 +244,7 @@ class BuildInterceptor:
     """Replaces cpp_extension.load_inline/load for the candidate module executed in this (worker) process."""
 
     def __init__(self, cache_dir: str | Path, *, mode: str, profile: str, arch: str | None,
-                 use_precompiled_header: bool = True):
+                 use_precompiled_header: bool = True, light_cuda_headers: bool = True):
         if mode not in ("torch", "compile_only"):
             raise ValueError(f"unknown build mode {mode!r}")
         self.cache_dir = Path(cache_dir)
@@ -199,6 +252,7 @@ class BuildInterceptor:
         self.profile = profile
         self.arch = arch
         self.use_precompiled_header = use_precompiled_header
+        self.light_cuda_headers = light_cuda_headers
         self.records: list[BuildRecord] = []
         self._original_load_inline: Callable[..., Any] | None = None
         self._original_load: Callable[..., Any] | None = None
@@ -394,10 +448,23 @@ class BuildInterceptor:
         report["left_to_build_alone"] = sorted({n for n, _, _ in members} - set(report["grouped"]) - already)
         return report
 
-    def _variants(self, sources: ExtensionSources) -> list[tuple[str, list[str]]]:
-        """(variant name, CUDA sources) to try in order; the full source is always the last resort."""
+    def _variants(self, sources: ExtensionSources) -> list[tuple[str, ExtensionSources]]:
+        """(variant name, the sources to build) in the order to try them; the source as written is always the last
+        resort. "fast": "light" (light_cuda_sources; main.cpp keeps torch/extension.h, now written out), then
+        "trimmed" (torch/types.h for torch/extension.h in the CUDA file), then "full"."""
+        variants: list[tuple[str, ExtensionSources]] = []
+        if self.profile == "fast" and self.light_cuda_headers:
+            light = light_cuda_sources(sources.cuda_sources, sources.no_implicit_headers,
+                                       Path(self.torch_include_dirs()[0]))
+            if light is not None:
+                cpp = list(sources.cpp_sources) if sources.no_implicit_headers else \
+                    ["#include <torch/extension.h>", *sources.cpp_sources]  # what load_inline would have put first
+                variants.append(("light", replace(sources, cpp_sources=cpp, cuda_sources=light,
+                                                  no_implicit_headers=True)))
         trimmed = trim_cuda_headers(sources.cuda_sources) if self.profile == "fast" else None
-        return ([("trimmed", trimmed)] if trimmed is not None else []) + [("full", sources.cuda_sources)]
+        if trimmed is not None:
+            variants.append(("trimmed", replace(sources, cuda_sources=trimmed)))
+        return variants + [("full", sources)]
 
     def _build_with_torch(self, sources: ExtensionSources, key: str, record: BuildRecord, kwargs: dict[str, Any],
                           *, first_variant_only: bool = False) -> Any:
@@ -420,17 +487,17 @@ class BuildInterceptor:
             pch_flags = self.ensure_precompiled_header(sources.extra_cflags)
             errors = []
             load_inline = self._original_load_inline or cpp_extension.load_inline
-            for variant, cuda_sources in self._variants(sources)[:1 if first_variant_only else None]:
+            for variant, built in self._variants(sources)[:1 if first_variant_only else None]:
                 module_name = f"{_safe_identifier(sources.name)}_{key[:12]}_{variant}"
                 try:
                     module = load_inline(
-                        name=module_name, cpp_sources=list(sources.cpp_sources), cuda_sources=list(cuda_sources) or None,
+                        name=module_name, cpp_sources=list(built.cpp_sources), cuda_sources=list(built.cuda_sources) or None,
                         functions=sources.functions, extra_cflags=sources.extra_cflags + pch_flags,
                         extra_cuda_cflags=list(sources.extra_cuda_cflags), extra_ldflags=list(sources.extra_ldflags),
                         extra_include_paths=list(sources.extra_include_paths), build_directory=str(build_dir),
                         verbose=False, is_python_module=sources.is_python_module,
                         with_pytorch_error_handling=sources.with_pytorch_error_handling,
-                        no_implicit_headers=sources.no_implicit_headers,
+                        no_implicit_headers=built.no_implicit_headers,
                         **{k: v for k, v in kwargs.items() if k in ("with_cuda",)},
                     )
                 except Exception as exc:  # noqa: BLE001 - torch reports build failures as RuntimeError et al.
@@ -463,11 +530,11 @@ class BuildInterceptor:
                    *self.ensure_precompiled_header(sources.extra_cflags)]
             errors = []
             pending_cxx: list[list[str]] = [cxx]  # the binding file compiles once, beside the first CUDA variant
-            for variant, cuda_sources in self._variants(sources)[:1 if first_variant_only else None]:
+            for variant, built in self._variants(sources)[:1 if first_variant_only else None]:
                 commands = list(pending_cxx)
-                if cuda_sources:
+                if built.cuda_sources:
                     cuda_cu = build_dir / f"cuda_{variant}.cu"
-                    cuda_cu.write_text(cuda_file_source(cuda_sources, sources.no_implicit_headers))
+                    cuda_cu.write_text(cuda_file_source(built.cuda_sources, built.no_implicit_headers))
                     commands.append(["nvcc", "-c", str(cuda_cu), "-o", str(build_dir / f"cuda_{variant}.o"), *defines,
                                      *include_flags, *COMMON_NVCC_FLAGS, *self.arch_flags(),
                                      "--compiler-options", "-fPIC", cxx_std, *sources.extra_cuda_cflags])

@@ -49,7 +49,11 @@ class VerifyConfig:
     # Input buffers are re-allocated every this many samples: the speedup is a median over several memory
     # placements, not one (one placement can shift a memory-bound kernel's time by a few percent).
     timing_round_samples: int = 50
-    warmup_seconds: float = 0.5  # warm-up by time: clocks climb from idle over ~100s of ms
+    # Warm-up before the timed pairs (harness.warm_up): at least warmup_min_seconds, then until the pairs' device
+    # time stops falling (clocks climb from idle over ~100s of ms), at most warmup_seconds. A GPU kept busy by the
+    # other judging lanes is warm at the minimum; warmup_min_seconds >= warmup_seconds warms for exactly that long.
+    warmup_seconds: float = 0.5
+    warmup_min_seconds: float = 0.1
     compile_timeout_s: float = 900.0
     # The run stage's limit: this base (interpreter, imports, cached extension loads) plus what the task needs,
     # estimated in the worker from one input draw and one reference call before any candidate code runs (the
@@ -71,16 +75,22 @@ class VerifyConfig:
     memory_cap_mb: int | None = 16384  # host RSS cap per worker process group (see sandbox.py for why RSS)
     gpu_memory_fraction: float | None = 0.9  # caching-allocator cap per worker
     execute: bool | None = None  # None = execute where a GPU is present, else static + compile only
-    # "fast": trimmed CUDA headers, precompiled torch/extension.h, local arch only (falls back to the full
-    # source if the trimmed one does not build). "default": load_inline's own flags (the KernelBench baseline).
+    # "fast": lighter CUDA headers (light, then trimmed: see light_cuda_headers), precompiled torch/extension.h,
+    # local arch only (the source as written is the last resort). "default": load_inline's own flags (the
+    # KernelBench baseline).
     build_profile: str = "fast"
     # Precompile torch/extension.h once per flag set for the C++ binding file (cached; first build pays ~1 min).
     use_precompiled_header: bool = True
+    # "fast" builds first try a CUDA file with ATen's core and per-operator headers in place of torch/types.h
+    # (build_cache.light_cuda_sources; about half the nvcc work), then the trimmed, then the full one.
+    light_cuda_headers: bool = True
     # Up to this many candidates' extensions (same flags and #includes) are compiled as one library, each in its
     # own namespace, so the torch headers are compiled once per group (batched_build; "fast" profile only).
     # Members a failed group build names build alone. 1 = every candidate builds alone. (H100 host, 40 seed
     # candidates on 12 cores: 2.2x less build wall time, the same statuses; benchmarks/RESULTS.md.)
     build_batch_size: int = 8
+    # Group builds compiling at once; 0 = the build cores / api.BUILD_JOBS (groups in waves, none oversubscribed).
+    parallel_group_builds: int = 0
     l2_flush_mb: int = 256  # H200 L2 is 60 MB: flush with at least 4x that
     # Which timing convention `Verdict.speedup` (and so the filter, the reward and fast_p) uses; both are always
     # measured. "gpu": flush and call enqueued back to back (KernelBench, triton do_bench, ConCuR's numbers);
@@ -174,6 +184,10 @@ class VerifyConfig:
             raise ValueError("gpu_lanes must be >= 1")
         if self.build_batch_size < 1:
             raise ValueError("build_batch_size must be >= 1 (1 builds every candidate alone)")
+        if self.parallel_group_builds < 0:
+            raise ValueError("parallel_group_builds must be >= 0 (0: the build cores / api.BUILD_JOBS)")
+        if self.warmup_seconds < 0 or self.warmup_min_seconds < 0:
+            raise ValueError("warmup_seconds and warmup_min_seconds must be >= 0")
         if self.timing_min_samples < 1:
             raise ValueError("timing_min_samples must be >= 1")
         self.timing_min_samples = min(self.timing_min_samples, self.timing_samples)

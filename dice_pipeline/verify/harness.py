@@ -150,6 +150,10 @@ def output_bytes(outputs: list[Any]) -> int:
 COMPARE_CHUNK_ELEMENTS = 1 << 24
 # Timed calls draw fresh inputs each call only when one draw takes less than this.
 FRESH_DRAW_MAX_SECONDS = 0.02
+# The warm-up ends when the median of the last WARMUP_WINDOW pairs' device time is within this share of the median
+# of the WARMUP_WINDOW before (see warm_up).
+WARMUP_WINDOW = 3
+WARMUP_STEADY_TOLERANCE = 0.03
 # Earlier reference outputs kept on the GPU for the stale-output check (the newest is always kept).
 STALE_CHECK_BYTES = 2 * 2**30
 
@@ -370,6 +374,26 @@ def timing_stats(samples_ms: list[float]) -> TimingStats:
     std = statistics.pstdev(ordered) if len(ordered) > 1 else 0.0
     return TimingStats(median_ms=statistics.median(ordered), iqr_ms=quartiles[2] - quartiles[0], mean_ms=mean,
                        n=len(ordered), cv=std / mean if mean > 0 else 0.0)
+
+
+def warm_up(pair: Callable[[], float], min_seconds: float, max_seconds: float, clock: Callable[[], float],
+            window: int = WARMUP_WINDOW, tolerance: float = WARMUP_STEADY_TOLERANCE) -> tuple[int, bool]:
+    """Run `pair` (one untimed reference/candidate pair; returns its device time in ms) until the device is warm:
+    at least min_seconds and 2 x `window` pairs, and the median of the last `window` pairs within `tolerance` of
+    the median of the `window` before (clocks climbing from idle shorten every window until they stop); at most
+    max_seconds (and never fewer than 3 pairs). A device kept busy by other work before the timed section is
+    steady at once; one that sat idle warms for as long as its times keep falling. Returns (pairs, steady)."""
+    times: list[float] = []
+    started = clock()
+    while True:
+        times.append(pair())
+        elapsed = clock() - started
+        if len(times) >= 2 * window and elapsed >= min_seconds:
+            last, before = statistics.median(times[-window:]), statistics.median(times[-2 * window:-window])
+            if abs(last - before) <= tolerance * before:
+                return len(times), True
+        if len(times) >= 3 and elapsed >= max_seconds:
+            return len(times), False
 
 
 def median_interval(values: list[float], z: float = 1.96) -> tuple[float, float]:
@@ -952,12 +976,20 @@ class CandidateJudge:
             floors = self._launch_floors_ms(flush, start, end)
             warm_start = self._perf_counter()
             warm_calls = 0
-            while warm_calls < 3 or self._perf_counter() - warm_start < cfg.warmup_seconds:
+
+            def warm_pair() -> float:
+                nonlocal warm_calls
                 load_fresh_inputs(warm_calls)
+                start.record()
                 call_ref()
                 call_cand()
+                end.record()
                 self._synchronize()
                 warm_calls += 1
+                return start.elapsed_time(end)
+
+            _, warm_steady = warm_up(warm_pair, min(cfg.warmup_min_seconds, cfg.warmup_seconds), cfg.warmup_seconds,
+                                     self._perf_counter)
             pair_s = (self._perf_counter() - warm_start) / warm_calls
             # Fewer pairs where each is slow: the budget bounds timing, with at least timing_min_samples pairs.
             min_pairs = max(cfg.timing_min_samples, min(cfg.timing_samples, int(cfg.timing_budget_s / (2 * pair_s))))
@@ -1036,6 +1068,7 @@ class CandidateJudge:
             **{f"reference_median_ms_{other}": stats[other][0].median_ms,
                f"candidate_median_ms_{other}": stats[other][1].median_ms},
             timing_pairs=sample, timing_rounds=rounds, timing_min_pairs=min_pairs,
+            warmup_pairs=warm_calls, warmup_steady=warm_steady,
             # Where the timing phase's wall time went: launch floors, warm-up, and the timed pairs with the work
             # around each (fresh draw, clone/restore, input and output checks).
             timing_split_s={"launch_floors": round(warm_start - floors_start, 4),

@@ -286,7 +286,7 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
         gpu=props.name, compute_capability=f"{props.major}.{props.minor}", torch=torch.__version__,
         cuda=torch.version.cuda, low_memory=config.low_memory,
         timing_method=(f"CUDA events on the current stream, L2 flushed ({config.l2_flush_mb} MB) before each call, "
-                       f"{config.warmup_seconds:g} s warm-up, {config.timing_min_samples}-{config.timing_max_samples} "
+                       f"{config.warmup_min_seconds:g}-{config.warmup_seconds:g} s warm-up (until steady), {config.timing_min_samples}-{config.timing_max_samples} "
                        f"reference/candidate pairs in alternating order on fresh inputs, each pair timed in both "
                        f"conventions (gpu: flush and call enqueued back to back; host: device synchronized before "
                        f"the call), until the {config.speedup_convention} median is known to "
@@ -318,7 +318,8 @@ def main(argv: list[str]) -> int:
 
     mode = "torch" if torch.version.cuda is not None else "compile_only"
     interceptor = BuildInterceptor(request["cache_dir"], mode=mode, profile=request["build_profile"], arch=arch,
-                                   use_precompiled_header=request["config"].get("use_precompiled_header", True))
+                                   use_precompiled_header=request["config"].get("use_precompiled_header", True),
+                                   light_cuda_headers=request["config"].get("light_cuda_headers", True))
     interceptor.install()
     if request.get("gate_path"):
         _prepare_and_wait_at_gate(Path(request["gate_path"]))
@@ -349,4 +350,10 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    # The result is on disk: skip the interpreter's teardown (torch's, the profiler's, the CUDA context's module
+    # by module), which the lane waiting for this process would otherwise sit through. The parent kills the
+    # process group either way, and the driver frees the context when the process ends.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

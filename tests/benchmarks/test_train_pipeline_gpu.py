@@ -54,3 +54,29 @@ def test_tiny_dry_run_goes_through_every_stage_and_writes_only_results(tmp_path,
     assert len(files) <= 8 and all(p.stat().st_size < 16 * 2**20 for p in files)
     assert not any(p.suffix in (".safetensors", ".pt", ".bin") for p in files)
     assert len((out / "generations.jsonl").read_text().splitlines()) == 4 * (4 + 2)
+
+
+def test_sft_only_run_decodes_its_checkpoint_on_kernel_files_it_never_trained_on(tmp_path, pair_factory):
+    from dice_pipeline.seed_corpus import load_seed_pairs
+
+    data = _data_dir(tmp_path / "data", pair_factory)
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_pipeline_gpu.py"), str(out),
+                           "--data", str(data), "--tiny", "--budget-s", "120", "--stages", "sft", "--sft-seconds",
+                           "4", "--decode-benchmark", "--work-dir", str(tmp_path / "work")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["errors"] == [] and set(results["evaluations"]) == {"base", "sft"}
+    assert results["phases"]["rl_infilling"]["skipped"] and results["phases"]["rl_end_to_end"]["skipped"]
+    assert results["phases"]["sft"]["ok"] and results["phases"]["decode_benchmark"]["ok"]
+    # The SFT's answers are the factory's candidate files; the 2 held-out samples' files differ from the 8 trained
+    # (their scale constant), and no seed corpus candidate is one of them.
+    prompts = results["decode_prompts"]
+    assert prompts["heldout_cuke"] == 2 and prompts["seed_not_in_sft"] == len(load_seed_pairs())
+    trained = {json.loads(line)["response"] for line in
+               (tmp_path / "work" / "data" / "sft_train.jsonl").read_text().splitlines()}
+    for path in Path(prompts["folder"]).glob("*.py"):
+        assert not any(path.read_text() in response for response in trained)
+    decode = json.loads((out / "decode_throughput.json").read_text())
+    assert "all held out" in decode["corpus"] and decode["results"]

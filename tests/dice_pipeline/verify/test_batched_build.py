@@ -168,3 +168,48 @@ def test_verify_batch_builds_candidates_in_groups_with_nvcc(tmp_path):
         assert not verdict.build_cache_hit and verdict.compile_seconds == pytest.approx(
             group["attempts"][0]["seconds"] / 2, abs=1e-3)
     assert [v.provenance["build_group"]["members"] for v in verdicts] == [[0], [1]]
+
+
+def test_group_builds_compile_in_waves_of_the_configured_slots(monkeypatch, tmp_path):
+    import threading
+    import time
+
+    from dice_pipeline.verify import api
+
+    running, peak, lock = 0, 0, threading.Lock()
+
+    def group_build(self, group):
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.1)
+        with lock:
+            running -= 1
+        return {"candidates": len(group.indices), "grouped": [], "attempts": []}
+
+    monkeypatch.setattr(api._BatchRun, "build_group", group_build)
+    monkeypatch.setattr(api._BatchRun, "build", lambda self, job, static: (None, {}))
+    jobs = [VerifyJob(f"c{n}", REFERENCE, candidate(cuda_source=HONEST_KERNEL.replace("256", str(n))))
+            for n in (32, 64, 96, 128, 160, 192, 224, 256)]
+    config = VerifyConfig(build_cache_dir=str(tmp_path / "cache"), execute=False, verdict_store_dir=None,
+                          use_precompiled_header=False, max_parallel_builds=8, build_batch_size=2,
+                          parallel_group_builds=2)
+    verdicts = verify_batch(jobs, config)
+    assert [v.status for v in verdicts] == [Status.NOT_EXECUTED] * 8
+    assert {v.provenance["build_group"]["candidates"] for v in verdicts} == {2}  # 4 groups of 2
+    assert peak == 2  # never more than the slots at once, and the slots were used
+
+
+def test_group_build_slots_default_to_the_build_cores_over_the_compile_jobs(monkeypatch):
+    from dice_pipeline.verify import api
+
+    run = api._BatchRun(VerifyConfig(execute=False, verdict_store_dir=None), None)
+    run.build_cpus = set(range(12))
+    assert run.group_build_slots() == 12 // api.BUILD_JOBS
+    run.build_cpus = {0}
+    assert run.group_build_slots() == 1
+    run.config = VerifyConfig(execute=False, verdict_store_dir=None, parallel_group_builds=3)
+    assert run.group_build_slots() == 3
+    with pytest.raises(ValueError, match="parallel_group_builds"):
+        VerifyConfig(parallel_group_builds=-1)

@@ -10,6 +10,7 @@ from dice_pipeline.verify.build_cache import (
     binding_source,
     build_key,
     cuda_file_source,
+    light_cuda_sources,
     trim_cuda_headers,
 )
 
@@ -96,3 +97,90 @@ def test_precompiled_header_is_built_once_and_used_by_the_binding_compile(tmp_pa
     assert result.returncode == 0, result.stderr[-2000:]
     # With -H, g++ marks a used PCH with '!' and would list torch headers one by one if it parsed them instead.
     assert "! " in result.stderr and "torch/csrc/api/include/torch/all.h" not in result.stderr
+
+
+def _torch_include_root():
+    from dice_pipeline.verify.build_cache import BuildInterceptor
+
+    return BuildInterceptor(".", mode="compile_only", profile="fast", arch=None).torch_include_dirs()[0]
+
+
+KERNEL_FILE = """#include <torch/extension.h>
+#include <cuda_fp16.h>
+__global__ void scale(const float* x, float* y, int n) { int i = threadIdx.x; if (i < n) y[i] = 2.f * x[i]; }
+torch::Tensor run(torch::Tensor x) {
+    TORCH_CHECK(x.is_cuda(), "x must be on the GPU");
+    auto y = torch::empty_like(x);
+    auto scratch = at::zeros({x.size(0)}, x.options().dtype(torch::kFloat32));
+    auto typed = x.data_ptr<float>();
+    scale<<<1, 32>>>(typed, y.data_ptr<float>(), x.numel());
+    return y;
+}
+"""
+
+
+def test_light_sources_include_the_core_headers_and_the_operators_called_in_place_of_torch_types():
+    from pathlib import Path
+
+    root = Path(_torch_include_root())
+    light = light_cuda_sources([KERNEL_FILE], False, root)
+    prelude, body = light
+    assert "#include <ATen/core/Tensor.h>" in prelude and "#include <ATen/Dispatch.h>" in prelude
+    assert "#include <ATen/ops/empty_like.h>" in prelude and "#include <ATen/ops/zeros.h>" in prelude
+    assert "constexpr auto kFloat32 = at::kFloat;" in prelude and "torch/types.h>" not in prelude.split("\n", 1)[1]
+    # torch::Tensor, data_ptr<float> and TORCH_CHECK are not operators: no header is made up for them
+    assert "ops/Tensor.h" not in prelude and "ops/data_ptr.h" not in prelude and "ops/TORCH_CHECK" not in prelude
+    assert "torch/extension.h" not in body and "#include <cuda_fp16.h>" in body
+    assert body.count("\n") == KERNEL_FILE.count("\n")  # the include line is emptied, not removed
+
+
+def test_light_sources_are_not_tried_where_they_cannot_help():
+    from pathlib import Path
+
+    root = Path(_torch_include_root())
+    assert light_cuda_sources([], False, root) is None
+    assert light_cuda_sources(["#include <torch/torch.h>\n" + KERNEL_FILE], False, root) is None
+    assert light_cuda_sources(["#include <ATen/ATen.h>\n__global__ void k() {}"], False, root) is None
+    # no implicit header and none of its own: already light
+    assert light_cuda_sources(["#include <cuda_runtime.h>\n__global__ void k() {}"], True, root) is None
+    assert light_cuda_sources(['#include "torch/types.h"\n__global__ void k() {}'], True, root)[1] == \
+        "\n__global__ void k() {}"
+    # no torch include but load_inline's implicit torch/types.h: lightened
+    assert light_cuda_sources(["__global__ void k() {}"], False, root) is not None
+
+
+def test_fast_builds_try_light_then_trimmed_then_the_source_as_written(tmp_path):
+    from dice_pipeline.verify.build_cache import BuildInterceptor
+
+    sources = _sources(cuda_sources=KERNEL_FILE)
+    fast = BuildInterceptor(tmp_path, mode="compile_only", profile="fast", arch=None)
+    variants = fast._variants(sources)
+    assert [name for name, _ in variants] == ["light", "trimmed", "full"]
+    light = variants[0][1]
+    assert light.no_implicit_headers and light.cpp_sources[0] == "#include <torch/extension.h>"
+    assert binding_source(light) == binding_source(sources)  # main.cpp is the same file either way
+    assert variants[2][1] is sources
+    assert [n for n, _ in BuildInterceptor(tmp_path, mode="compile_only", profile="fast", arch=None,
+                                           light_cuda_headers=False)._variants(sources)] == ["trimmed", "full"]
+    assert [n for n, _ in BuildInterceptor(tmp_path, mode="compile_only", profile="default",
+                                           arch=None)._variants(sources)] == ["full"]
+    own = _sources(cuda_sources=KERNEL_FILE, no_implicit_headers=True,
+                   cpp_sources="#include <torch/extension.h>\ntorch::Tensor run(torch::Tensor x);")
+    assert fast._variants(own)[0][1].cpp_sources == own.cpp_sources  # it wrote its own main.cpp includes
+
+
+@pytest.mark.slow
+def test_a_kernel_file_builds_light_and_one_calling_what_the_light_headers_lack_falls_back(tmp_path):
+    """Real nvcc: the light variant compiles a usual kernel file, and a file calling a C++-frontend function the
+    light headers do not declare (torch::nn::functional) fails light and builds trimmed: same status either way."""
+    from dice_pipeline.verify.build_cache import BuildInterceptor
+
+    interceptor = BuildInterceptor(tmp_path, mode="compile_only", profile="fast", arch="9.0",
+                                   use_precompiled_header=False)
+    interceptor.load_inline(name="light_ok", cpp_sources="torch::Tensor run(torch::Tensor x);",
+                            cuda_sources=KERNEL_FILE, functions=["run"])
+    frontend = KERNEL_FILE.replace("auto y = torch::empty_like(x);",
+                                   "auto y = torch::empty_like(x); y = torch::autograd::Variable(y);")
+    interceptor.load_inline(name="light_fails", cpp_sources="torch::Tensor run(torch::Tensor x);",
+                            cuda_sources=frontend, functions=["run"])
+    assert [(r.name, r.variant) for r in interceptor.records] == [("light_ok", "light"), ("light_fails", "trimmed")]

@@ -21,6 +21,7 @@ from dice_pipeline.verify.harness import (
     compare_outputs,
     consistency_tolerance,
     kernel_family,
+    warm_up,
 )
 from dice_pipeline.verify.sandbox import run_isolated
 from dice_pipeline.verify.static_checks import StaticReport
@@ -580,6 +581,41 @@ class _WallClockEvent:
         return (end.at - self.at) * 1e3
 
 
+class _PairClock:
+    """Pair times from a list (repeating its last one), each pair taking `step` seconds of a fake clock."""
+
+    def __init__(self, times_ms: list[float], step: float = 0.0625):  # a binary fraction: exact sums
+        self.times, self.step, self.now, self.calls = times_ms, step, 0.0, 0
+
+    def pair(self) -> float:
+        self.now += self.step
+        self.calls += 1
+        return self.times[min(self.calls, len(self.times)) - 1]
+
+    def clock(self) -> float:
+        return self.now
+
+
+def test_warm_up_stops_once_warm_but_not_before_its_minimum():
+    busy = _PairClock([1.0])  # a device already warm: steady from the first pair
+    assert warm_up(busy.pair, 0.5, 1.0, busy.clock) == (8, True)  # held to the 0.5 s minimum
+    quick = _PairClock([1.0])
+    assert warm_up(quick.pair, 0.0, 1.0, quick.clock) == (6, True)  # two windows of three
+
+
+def test_warm_up_waits_while_clocks_climb_and_gives_up_at_its_maximum():
+    climbing = _PairClock([3.0, 2.8, 2.6, 2.3, 2.0, 1.7, 1.5, 1.3, 1.15, 1.05, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    pairs, steady = warm_up(climbing.pair, 0.0, 2.0, climbing.clock)
+    assert steady and pairs >= 13  # not before the last window of falling times has passed
+    jumpy = _PairClock([1.0, 2.0] * 100)  # never two windows alike: warms for the maximum, then goes on
+    pairs, steady = warm_up(jumpy.pair, 0.0, 1.0, jumpy.clock)
+    assert not steady and pairs == 16
+    slow = _PairClock([500.0], step=1.0)  # a pair slower than the whole budget: still three pairs
+    assert warm_up(slow.pair, 0.1, 0.5, slow.clock) == (3, False)
+    fixed = _PairClock([1.0])  # minimum = maximum: the fixed warm-up of before
+    assert warm_up(fixed.pair, 1.0, 1.0, fixed.clock) == (16, True)
+
+
 def test_the_timing_loop_runs_on_the_cpu_and_says_where_its_time_went(refuse_nested_phases):
     judge = refuse_nested_phases(_judge(HONEST, timing_samples=12, timing_max_samples=12, timing_round_samples=4,
                                         l2_flush_mb=1, warmup_seconds=0.0))
@@ -588,6 +624,7 @@ def test_the_timing_loop_runs_on_the_cpu_and_says_where_its_time_went(refuse_nes
     assert judgement.status == Status.CORRECT, judgement.reasons
     provenance = judgement.fields["provenance"]
     assert provenance["timing_pairs"] == 12 and provenance["timing_rounds"] == 3
+    assert provenance["warmup_pairs"] >= 3 and isinstance(provenance["warmup_steady"], bool)
     assert judgement.fields["speedup_gpu"] > 0 and judgement.fields["speedup_host"] > 0
     split = provenance["timing_split_s"]
     assert set(split) == {"launch_floors", "warmup", "pairs"} and all(s >= 0 for s in split.values())
