@@ -185,7 +185,7 @@ def main() -> None:
         origin = f"{args.init_from.name} (pretrained, loaded as SDAR)"
     else:
         tokenizer = train_bpe_tokenizer(train_texts, vocab_size=args.vocab_size)
-    windows = text_windows(tokenizer, train_texts, args.window)
+    windows = text_windows(tokenizer, train_texts, args.window) if train_texts else []
     heldout_windows = text_windows(tokenizer, heldout_texts, args.window)[:16]
     corpus_line = (f"{len(texts)} distinct .py files, {sum(map(len, texts)) / 2**20:.1f} MiB from "
                    f"{', '.join(map(str, corpus))} ({held_out} held out)") if not args.prompt_corpus else (

@@ -154,7 +154,7 @@ def decode_prompt_files(data_dir: Path, train_path: Path, out: Path) -> dict:
     for row in stages.read_rows(data_dir / "sft_samples.jsonl"):
         code = extract_code_block(row["response"]) or ""
         if row["pytorch_code"] not in trained_references and code and code not in trained:
-            files[f"heldout_cuke_{_stable_hash(row['pytorch_code']) % 10**8:08d}"] = code
+            files[f"heldout_cuke_{_stable_hash(row['pytorch_code'])[:12]}"] = code
     for pair in load_seed_pairs():
         if pair["generated_code"] not in trained:
             files[f"seed_{pair['problem_name']}"] = pair["generated_code"]
