@@ -1,8 +1,9 @@
 """Build a candidate's CUDA extension fast and once: intercepts `torch.utils.cpp_extension.load_inline`/`load`
 inside the worker, keys each build by a content hash (sources, flags, torch/CUDA versions, arch, recipe), builds for
-the local arch only, compiles CUDA sources with lighter torch headers than they ask for (ATen's core and the
-operators they call, else `torch/types.h` for `torch/extension.h`, else the source as written) and precompiles
-`torch/extension.h` for the C++ binding file.
+the local arch only, compiles CUDA sources and the C++ binding file with lighter torch headers than they ask for
+(ATen's core and the operators they call, plus pybind11 and torch's Tensor casters for the binding; else
+`torch/types.h` for `torch/extension.h` in the CUDA file; else the sources as written) and precompiles
+`torch/extension.h` for the binding file.
 
 Two modes: "torch" builds and loads the extension through torch's own cpp_extension (GPU host, CUDA torch);
 "compile_only" runs g++/nvcc -c directly on the same generated files with the installed torch's headers (a CPU
@@ -34,6 +35,9 @@ FULL_HEADER_INCLUDE = re.compile(r'#\s*include\s*[<"]torch/extension\.h[>"]')
 # in main.cpp.
 TRIMMED_HEADER_INCLUDE = "#include <torch/types.h>"
 PCH_HEADER_NAME = "dice_torch_extension_pch.h"
+# Defined by that header: a main.cpp compiled with the PCH has all of torch/extension.h already.
+PCH_MARKER = "DICE_TORCH_EXTENSION_PCH"
+PCH_HEADER_TEXT = f"#define {PCH_MARKER} 1\n#include <torch/extension.h>\n"
 # The "light" variant goes further: torch/types.h pulls in all of ATen's operators and the autograd frontend (about
 # 35 s of nvcc front-end work for an otherwise empty CUDA file on the 2-core dev machine), while a kernel file's host
 # code needs the Tensor class, TORCH_CHECK, the dispatch macros and the few at::/torch:: functions it calls (about
@@ -130,22 +134,43 @@ def trim_cuda_headers(cuda_sources: list[str]) -> list[str] | None:
     return trimmed if trimmed != cuda_sources else None
 
 
-def light_cuda_sources(cuda_sources: list[str], no_implicit_headers: bool, include_root: Path) -> list[str] | None:
-    """The "light" CUDA sources: a prelude of ATen's core headers, the dispatch macros and the per-operator headers
-    of the at::/torch:: functions the sources call (those torch ships), then the sources with their torch/extension.h
-    and torch/types.h lines emptied (line numbers kept). None where lightening cannot help: no CUDA source, a
-    heavier torch include, or nothing heavy included at all (no implicit header and none of their own)."""
-    text = "\n".join(cuda_sources)
-    if not cuda_sources or HEAVY_INCLUDE.search(text):
+def _lightened(sources: list[str], no_implicit_headers: bool, include_root: Path, what: str,
+               headers: tuple[str, ...]) -> list[str] | None:
+    """`sources` behind a prelude of `headers`, the per-operator headers of the at::/torch:: functions they call
+    (those torch ships) and torch's namespace additions, with their torch/extension.h and torch/types.h lines emptied
+    (line numbers kept). None where lightening cannot help: no source, a heavier torch include, or nothing heavy
+    included at all (no implicit header and none of their own)."""
+    text = "\n".join(sources)
+    if not sources or HEAVY_INCLUDE.search(text):
         return None
     if no_implicit_headers and not LIGHTENED_INCLUDE.search(text):
         return None
     ops = sorted({name for name in OP_CALL.findall(text) if (include_root / "ATen" / "ops" / f"{name}.h").is_file()})
-    prelude = "\n".join(["// dice-pipeline light prelude (in place of torch/types.h)", "#include <cuda.h>",
-                         "#include <cuda_runtime.h>", "#include <optional>", "#include <ATen/core/Tensor.h>",
-                         "#include <ATen/Dispatch.h>", *(f"#include <ATen/ops/{name}.h>" for name in ops),
-                         _TORCH_NAMESPACE])
-    return [prelude] + [LIGHTENED_INCLUDE.sub("", source) for source in cuda_sources]
+    prelude = "\n".join([f"// dice-pipeline light prelude (in place of {what})",
+                         *(f"#include <{header}>" for header in headers),
+                         *(f"#include <ATen/ops/{name}.h>" for name in ops), _TORCH_NAMESPACE])
+    return [prelude] + [LIGHTENED_INCLUDE.sub("", source) for source in sources]
+
+
+def light_cuda_sources(cuda_sources: list[str], no_implicit_headers: bool, include_root: Path) -> list[str] | None:
+    """The "light" CUDA sources: ATen's core headers, the dispatch macros and the operators called in place of
+    torch/types.h (see _lightened)."""
+    return _lightened(cuda_sources, no_implicit_headers, include_root, "torch/types.h",
+                      ("cuda.h", "cuda_runtime.h", "optional", "ATen/core/Tensor.h", "ATen/Dispatch.h"))
+
+
+def light_binding_sources(cpp_sources: list[str], no_implicit_headers: bool, include_root: Path) -> list[str] | None:
+    """The "light" C++ sources of main.cpp: pybind11 with torch's Tensor casters, the error-handling wrapper
+    load_inline's bindings use, ATen's core and the operators called in place of torch/extension.h (about 24 s of
+    g++ for an otherwise empty file on the 2-core dev machine; this prelude about 8 s). Where torch/extension.h's
+    PCH exists, its forced include brings the whole header anyway (and torch's namespace additions, which the
+    prelude then leaves out) and this prelude costs nothing."""
+    light = _lightened(cpp_sources, no_implicit_headers, include_root, "torch/extension.h",
+                       ("torch/csrc/utils/pybind.h", "torch/csrc/Exceptions.h", "ATen/core/Tensor.h",
+                        "ATen/Dispatch.h"))
+    if light is not None:
+        light[0] = light[0].replace(_TORCH_NAMESPACE, f"#ifndef {PCH_MARKER}\n{_TORCH_NAMESPACE}#endif\n")
+    return light
 
 
 def binding_source(sources: ExtensionSources) -> str:
@@ -316,7 +341,8 @@ class BuildInterceptor:
         base_flags = ["-DTORCH_API_INCLUDE_EXTENSION_H", *[f for d in self.torch_include_dirs() for f in ("-isystem", d)],
                       "-fPIC", self.torch_cxx_standard(), *extra_cflags]
         compiler = os.environ.get("CXX", "c++")
-        digest = hashlib.sha256(json.dumps([compiler, base_flags, self.toolchain()]).encode()).hexdigest()[:16]
+        digest = hashlib.sha256(json.dumps([compiler, base_flags, self.toolchain(), PCH_HEADER_TEXT]).encode()
+                                ).hexdigest()[:16]
         pch_dir = self.cache_dir / "pch" / digest
         header = pch_dir / PCH_HEADER_NAME
         gch = pch_dir / (PCH_HEADER_NAME + ".gch")
@@ -326,7 +352,7 @@ class BuildInterceptor:
             return []
         with file_lock(pch_dir / ".lock"):
             if not gch.exists():
-                header.write_text("#include <torch/extension.h>\n")
+                header.write_text(PCH_HEADER_TEXT)
                 tmp = pch_dir / f"{gch.name}.{os.getpid()}.tmp"
                 cmd = [compiler, "-x", "c++-header", str(header), "-o", str(tmp), *base_flags]
                 result = subprocess.run(cmd, capture_output=True, text=True)
@@ -450,16 +476,23 @@ class BuildInterceptor:
 
     def _variants(self, sources: ExtensionSources) -> list[tuple[str, ExtensionSources]]:
         """(variant name, the sources to build) in the order to try them; the source as written is always the last
-        resort. "fast": "light" (light_cuda_sources; main.cpp keeps torch/extension.h, now written out), then
-        "trimmed" (torch/types.h for torch/extension.h in the CUDA file), then "full"."""
+        resort. "fast": "light" (light_cuda_sources for the CUDA file, light_binding_sources for main.cpp, each
+        where it applies), then "trimmed" (torch/types.h for torch/extension.h in the CUDA file), then "full"."""
         variants: list[tuple[str, ExtensionSources]] = []
         if self.profile == "fast" and self.light_cuda_headers:
-            light = light_cuda_sources(sources.cuda_sources, sources.no_implicit_headers,
-                                       Path(self.torch_include_dirs()[0]))
-            if light is not None:
-                cpp = list(sources.cpp_sources) if sources.no_implicit_headers else \
-                    ["#include <torch/extension.h>", *sources.cpp_sources]  # what load_inline would have put first
-                variants.append(("light", replace(sources, cpp_sources=cpp, cuda_sources=light,
+            root = Path(self.torch_include_dirs()[0])
+            cuda = light_cuda_sources(sources.cuda_sources, sources.no_implicit_headers, root)
+            cpp = light_binding_sources(list(sources.cpp_sources) or [""], sources.no_implicit_headers, root)
+            if cuda is not None or cpp is not None:
+                # What load_inline would have put first, written out where that half is not lightened (a CUDA
+                # file that cannot be lightened is at least trimmed).
+                implicit = not sources.no_implicit_headers
+                if cuda is None:
+                    cuda = trim_cuda_headers(sources.cuda_sources) or list(sources.cuda_sources)
+                    cuda = ([cuda_file_source([], False)] if implicit and cuda else []) + cuda
+                if cpp is None:
+                    cpp = (["#include <torch/extension.h>"] if implicit else []) + list(sources.cpp_sources)
+                variants.append(("light", replace(sources, cpp_sources=cpp, cuda_sources=cuda,
                                                   no_implicit_headers=True)))
         trimmed = trim_cuda_headers(sources.cuda_sources) if self.profile == "fast" else None
         if trimmed is not None:
@@ -523,15 +556,18 @@ class BuildInterceptor:
                 f for d in self.torch_include_dirs() + self.cpu_wheel_shim_dirs() for f in ("-isystem", d)]
             defines = [f"-DTORCH_EXTENSION_NAME={_safe_identifier(sources.name)}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
             cxx_std = self.torch_cxx_standard()
-            main_cpp = build_dir / "main.cpp"
-            main_cpp.write_text(binding_source(sources))
-            cxx = [os.environ.get("CXX", "c++"), "-c", str(main_cpp), "-o", str(build_dir / "main.o"), *defines,
-                   *include_flags, "-fPIC", cxx_std, *sources.extra_cflags,
-                   *self.ensure_precompiled_header(sources.extra_cflags)]
+            pch_flags = self.ensure_precompiled_header(sources.extra_cflags)
+            as_written = binding_source(sources)
+            compiled_binding = None  # the main.cpp that compiled: a later variant with the same one skips it
             errors = []
-            pending_cxx: list[list[str]] = [cxx]  # the binding file compiles once, beside the first CUDA variant
             for variant, built in self._variants(sources)[:1 if first_variant_only else None]:
-                commands = list(pending_cxx)
+                commands, binding, cxx = [], binding_source(built), None
+                if binding != compiled_binding:
+                    main_cpp = build_dir / f"main_{variant}.cpp"
+                    main_cpp.write_text(binding)
+                    cxx = [os.environ.get("CXX", "c++"), "-c", str(main_cpp), "-o", str(build_dir / f"main_{variant}.o"),
+                           *defines, *include_flags, "-fPIC", cxx_std, *sources.extra_cflags, *pch_flags]
+                    commands.append(cxx)
                 if built.cuda_sources:
                     cuda_cu = build_dir / f"cuda_{variant}.cu"
                     cuda_cu.write_text(cuda_file_source(built.cuda_sources, built.no_implicit_headers))
@@ -539,13 +575,15 @@ class BuildInterceptor:
                                      *include_flags, *COMMON_NVCC_FLAGS, *self.arch_flags(),
                                      "--compiler-options", "-fPIC", cxx_std, *sources.extra_cuda_cflags])
                 failures = _run_compile_commands(commands, build_dir)
-                pending_cxx = []
+                binding_failed = cxx is not None and any(cmd is cxx for cmd, _ in failures)
+                if cxx is not None and not binding_failed:
+                    compiled_binding = binding
                 if not failures:
                     marker.write_text(json.dumps({"variant": variant}))
                     record.variant = variant
                     return CompiledOnlyExtension(sources.name, functions)
                 errors.extend(f"[{variant}] {log}" for _, log in failures)
-                if any(cmd is cxx for cmd, _ in failures):
-                    break  # the binding file itself is broken: no CUDA variant can fix that
+                if binding_failed and binding == as_written:
+                    break  # the binding file as written is broken: no CUDA variant can fix that
         raise ExtensionCompileError("extension failed to compile", "\n".join(errors))
 

@@ -82,7 +82,9 @@ class VerifyConfig:
     # Precompile torch/extension.h once per flag set for the C++ binding file (cached; first build pays ~1 min).
     use_precompiled_header: bool = True
     # "fast" builds first try a CUDA file with ATen's core and per-operator headers in place of torch/types.h
-    # (build_cache.light_cuda_sources; about half the nvcc work), then the trimmed, then the full one.
+    # (build_cache.light_cuda_sources; about half the nvcc work) and a main.cpp with pybind11, torch's Tensor
+    # casters and the same in place of torch/extension.h (light_binding_sources; a third of the g++ work where no
+    # PCH is ready), then the trimmed, then the full sources.
     light_cuda_headers: bool = True
     # Up to this many candidates' extensions (same flags and #includes) are compiled as one library, each in its
     # own namespace, so the torch headers are compiled once per group (batched_build; "fast" profile only).

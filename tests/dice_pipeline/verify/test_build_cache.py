@@ -157,8 +157,11 @@ def test_fast_builds_try_light_then_trimmed_then_the_source_as_written(tmp_path)
     variants = fast._variants(sources)
     assert [name for name, _ in variants] == ["light", "trimmed", "full"]
     light = variants[0][1]
-    assert light.no_implicit_headers and light.cpp_sources[0] == "#include <torch/extension.h>"
-    assert binding_source(light) == binding_source(sources)  # main.cpp is the same file either way
+    assert light.no_implicit_headers and light.cpp_sources[0].startswith(
+        "// dice-pipeline light prelude (in place of torch/extension.h)")
+    assert light.cpp_sources[1:] == sources.cpp_sources and "PYBIND11_MODULE" in binding_source(light)
+    assert light.cuda_sources[0].startswith("// dice-pipeline light prelude (in place of torch/types.h)")
+    assert variants[1][1].cpp_sources == sources.cpp_sources  # trimmed and full: main.cpp as load_inline writes it
     assert variants[2][1] is sources
     assert [n for n, _ in BuildInterceptor(tmp_path, mode="compile_only", profile="fast", arch=None,
                                            light_cuda_headers=False)._variants(sources)] == ["trimmed", "full"]
@@ -166,7 +169,30 @@ def test_fast_builds_try_light_then_trimmed_then_the_source_as_written(tmp_path)
                                            arch=None)._variants(sources)] == ["full"]
     own = _sources(cuda_sources=KERNEL_FILE, no_implicit_headers=True,
                    cpp_sources="#include <torch/extension.h>\ntorch::Tensor run(torch::Tensor x);")
-    assert fast._variants(own)[0][1].cpp_sources == own.cpp_sources  # it wrote its own main.cpp includes
+    # its own include of torch/extension.h is emptied behind the light prelude
+    assert fast._variants(own)[0][1].cpp_sources[1:] == ["\ntorch::Tensor run(torch::Tensor x);"]
+
+
+def test_the_light_variant_lightens_each_half_where_it_can():
+    from dice_pipeline.verify.build_cache import PCH_MARKER, BuildInterceptor, cuda_file_source
+
+    fast = BuildInterceptor("/nonexistent", mode="compile_only", profile="fast", arch=None)
+    # a C++-only extension: only main.cpp has anything to lighten
+    cpp_only = _sources(cuda_sources=None)
+    (name, light), *_ = fast._variants(cpp_only)
+    assert name == "light" and light.cuda_sources == [] and "pybind.h>" in light.cpp_sources[0]
+    # torch's namespace additions are left to torch/types.h where the PCH brought it in
+    assert f"#ifndef {PCH_MARKER}" in light.cpp_sources[0]
+    # a CUDA file with a heavier torch include keeps it, trimmed where it can be, load_inline's headers written out
+    heavy = _sources(cuda_sources="#include <torch/extension.h>\n#include <ATen/ATen.h>\n__global__ void k() {}")
+    light = fast._variants(heavy)[0][1]
+    assert light.cuda_sources == [cuda_file_source([], False), "#include <torch/types.h>\n#include <ATen/ATen.h>\n"
+                                  "__global__ void k() {}"]
+    assert "pybind.h>" in light.cpp_sources[0]
+    # a main.cpp with a heavier include of its own and a CUDA file with one: nothing to lighten
+    neither = _sources(cpp_sources="#include <torch/torch.h>\ntorch::Tensor f(torch::Tensor x);",
+                       cuda_sources="#include <ATen/ATen.h>\n__global__ void k() {}")
+    assert [n for n, _ in fast._variants(neither)] == ["full"]
 
 
 @pytest.mark.slow
@@ -184,3 +210,20 @@ def test_a_kernel_file_builds_light_and_one_calling_what_the_light_headers_lack_
     interceptor.load_inline(name="light_fails", cpp_sources="torch::Tensor run(torch::Tensor x);",
                             cuda_sources=frontend, functions=["run"])
     assert [(r.name, r.variant) for r in interceptor.records] == [("light_ok", "light"), ("light_fails", "trimmed")]
+    # light_ok's main.cpp compiled from the light prelude; light_fails' light main.cpp did too, then its trimmed
+    # attempt compiled main.cpp as written
+    assert "light prelude" in (tmp_path / interceptor.records[0].key / "main_light.cpp").read_text()
+    assert (tmp_path / interceptor.records[1].key / "main_trimmed.o").exists()
+
+
+@pytest.mark.slow
+def test_a_light_main_cpp_also_compiles_with_the_torch_extension_pch(tmp_path):
+    """Real g++ with the PCH: the forced include brings torch/extension.h (and torch/types.h's namespace additions)
+    before the light prelude, which must not define them twice."""
+    from dice_pipeline.verify.build_cache import BuildInterceptor
+
+    interceptor = BuildInterceptor(tmp_path, mode="compile_only", profile="fast", arch="9.0")
+    assert interceptor.ensure_precompiled_header([], wait=True)
+    interceptor.load_inline(name="light_pch", cpp_sources="torch::Tensor run(torch::Tensor x);\n"
+                            "static const auto kind = torch::kFloat32;", cuda_sources=KERNEL_FILE, functions=["run"])
+    assert [(r.name, r.variant) for r in interceptor.records] == [("light_pch", "light")]
