@@ -47,6 +47,17 @@ LIGHTENED_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*[<"]torch/(?:extensi
 HEAVY_INCLUDE = re.compile(r'#[ \t]*include[ \t]*[<"](?:torch/(?!extension\.h|types\.h)|ATen/ATen\.h|ATen/Functions\.h)')
 # A call of an ATen function, qualified as torch:: or at:: (optionally with template arguments).
 OP_CALL = re.compile(r'\b(?:torch|at)::(\w+)\s*(?:<[^<>;(){}]*>\s*)?\(')
+# Tensor's arithmetic and comparison operators (x * 2, a + b) with only the one operator header they need: without
+# AT_PER_OPERATOR_HEADERS, ATen/TensorOperators.h would pull in every operator (ATen/Functions.h).
+_TENSOR_OPERATORS = """#ifndef AT_PER_OPERATOR_HEADERS
+#define AT_PER_OPERATOR_HEADERS
+#define DICE_PER_OPERATOR_HEADERS_SET
+#endif
+#include <ATen/TensorOperators.h>
+#ifdef DICE_PER_OPERATOR_HEADERS_SET
+#undef AT_PER_OPERATOR_HEADERS
+#undef DICE_PER_OPERATOR_HEADERS_SET
+#endif"""
 # What torch/types.h adds to namespace torch on top of ATen (torch 2.x), so torch:: spellings keep working.
 _TORCH_NAMESPACE = """namespace torch {
 using namespace at;  // NOLINT
@@ -147,7 +158,7 @@ def _lightened(sources: list[str], no_implicit_headers: bool, include_root: Path
         return None
     ops = sorted({name for name in OP_CALL.findall(text) if (include_root / "ATen" / "ops" / f"{name}.h").is_file()})
     prelude = "\n".join([f"// dice-pipeline light prelude (in place of {what})",
-                         *(f"#include <{header}>" for header in headers),
+                         *(f"#include <{header}>" for header in headers), _TENSOR_OPERATORS,
                          *(f"#include <ATen/ops/{name}.h>" for name in ops), _TORCH_NAMESPACE])
     return [prelude] + [LIGHTENED_INCLUDE.sub("", source) for source in sources]
 
