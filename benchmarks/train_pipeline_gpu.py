@@ -148,8 +148,9 @@ def decode_prompt_files(data_dir: Path, train_path: Path, out: Path) -> dict:
     out: slower, wrong or deceptive). Prompts from the domain the checkpoint was trained on, never from its data."""
     from dice_pipeline.seed_corpus import load_seed_pairs
 
-    trained = {extract_code_block(r["response"]) or r["response"] for r in stages.read_rows(train_path)}
-    trained_references = {r["pytorch_code"] for r in stages.read_rows(train_path)}
+    train_rows = stages.read_rows(train_path)
+    trained = {extract_code_block(r["response"]) or r["response"] for r in train_rows}
+    trained_references = {r["pytorch_code"] for r in train_rows}
     files: dict[str, str] = {}
     for row in stages.read_rows(data_dir / "sft_samples.jsonl"):
         code = extract_code_block(row["response"]) or ""

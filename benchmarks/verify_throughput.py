@@ -343,7 +343,8 @@ def main() -> int:
     parser.add_argument("--parallel-group-builds", type=int, default=None,
                         help="our group builds at once (VerifyConfig.parallel_group_builds; 0: build cores / 2)")
     parser.add_argument("--no-light-headers", action="store_true",
-                        help="our builds without the light CUDA headers (VerifyConfig.light_cuda_headers=False)")
+                        help="our builds without the light CUDA and binding-file headers "
+                             "(VerifyConfig.light_cuda_headers=False)")
     parser.add_argument("--timing-max-samples", type=int, default=None,
                         help="our timed reference/candidate pairs at most (VerifyConfig.timing_max_samples; default "
                              "the config's). 100 = the baseline's 100 timed candidate calls")

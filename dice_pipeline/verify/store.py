@@ -25,7 +25,8 @@ from dice_pipeline.verify.verdict import READABLE_VERIFIER_VERSIONS, VERIFIER_VE
 # VerifyConfig fields that cannot change a completed verdict: where things live, how much runs at once, limits.
 _NOT_IN_KEY = frozenset({
     "build_cache_dir", "max_parallel_builds", "devices", "memory_cap_mb", "gpu_memory_fraction", "execute",
-    "use_precompiled_header", "light_cuda_headers", "isolate_network", "compile_arch", "build_without_gpu", "compile_timeout_s",
+    "use_precompiled_header", "light_cuda_headers", "isolate_network", "compile_arch", "build_without_gpu",
+    "compile_timeout_s",
     "run_timeout_s", "verdict_store_dir", "prestart_gpu_workers", "gpu_worker_cpus",
     "device_lock_dir", "gpu_lanes", "build_batch_size", "parallel_group_builds",
     # how long the device warms before timing: the warm-up ends at steady clocks either way (harness.warm_up)

@@ -286,7 +286,8 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
         gpu=props.name, compute_capability=f"{props.major}.{props.minor}", torch=torch.__version__,
         cuda=torch.version.cuda, low_memory=config.low_memory,
         timing_method=(f"CUDA events on the current stream, L2 flushed ({config.l2_flush_mb} MB) before each call, "
-                       f"{config.warmup_min_seconds:g}-{config.warmup_seconds:g} s warm-up (until steady), {config.timing_min_samples}-{config.timing_max_samples} "
+                       f"{config.warmup_min_seconds:g}-{config.warmup_seconds:g} s warm-up (until steady), "
+                       f"{config.timing_min_samples}-{config.timing_max_samples} "
                        f"reference/candidate pairs in alternating order on fresh inputs, each pair timed in both "
                        f"conventions (gpu: flush and call enqueued back to back; host: device synchronized before "
                        f"the call), until the {config.speedup_convention} median is known to "
