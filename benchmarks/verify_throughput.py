@@ -166,7 +166,8 @@ def run_parallel_baseline(pairs: list[dict], workdir: Path) -> tuple[float, list
 
 def phase_summary(verdicts: list) -> dict[str, dict[str, float]]:
     """Per stage of our judgement (provenance phase_seconds) and of its timing phase (timing_split_s): how many
-    verdicts went through it, the sum and the median of their seconds: where our wall time goes."""
+    verdicts went through it, the sum and the median of their seconds: where our wall time goes. `before_go.*`:
+    a prestarted worker's CUDA start-up and its wait for the GPU, done while its lane's previous candidate ran."""
     seen: dict[str, list[float]] = {}
     for verdict in verdicts:
         provenance = verdict.provenance or {}
@@ -174,6 +175,8 @@ def phase_summary(verdicts: list) -> dict[str, dict[str, float]]:
             seen.setdefault(name, []).append(seconds)
         for name, seconds in provenance.get("timing_split_s", {}).items():
             seen.setdefault(f"timing.{name}", []).append(seconds)
+        for name, seconds in (provenance.get("cuda_started_before_go") or {}).items():
+            seen.setdefault(f"before_go.cuda_start_{name}", []).append(seconds)
     return {name: {"n": len(values), "sum": round(sum(values), 3), "median": round(statistics.median(values), 4)}
             for name, values in sorted(seen.items())}
 

@@ -9,8 +9,14 @@ candidate cannot take the GPU from the other lanes for longer than its own time 
 dead worker held), and the time a worker spends waiting for the GPU is added to its limit, so no candidate is
 timed out for another's work.
 
-Wire format, one byte each: the worker writes b"S" (shared), b"X" (exclusive), b"W" (whole) or b"R" (release); the
-parent answers b"G" once the mode asked for is held (a request replaces what the worker held). Standard library only.
+A worker started ahead of its turn (VerifyConfig.prestart_gpu_workers) may start CUDA before its go
+(`GpuShareClient.starting_cuda`): shared use like any untimed work, so never inside another lane's timed section,
+but untracked, since the worker holds no task memory yet and must not hold up a lane that waits for the whole GPU
+(that lane waits for every resident, and this worker's go may wait for that lane's turn).
+
+Wire format, one byte each: the worker writes b"S" (shared), b"I" (shared, untracked: CUDA start-up before the go),
+b"X" (exclusive), b"W" (whole) or b"R" (release); the parent answers b"G" once the mode asked for is held (a
+request replaces what the worker held). Standard library only.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from dice_pipeline.gpu_pool import SharedGpu
 ENV_VAR = "DICE_GPU_SHARE_FDS"
 _MODES = {b"S": SharedGpu.SHARED, b"X": SharedGpu.EXCLUSIVE, b"W": SharedGpu.WHOLE}
 _BYTES = {mode: byte for byte, mode in _MODES.items()}
+_STARTING_CUDA = b"I"  # shared use without becoming a resident (module docstring)
 
 
 class GpuShareServer:
@@ -74,14 +81,14 @@ class GpuShareServer:
                 if byte == b"R":
                     self._release_held()
                     continue
-                mode = _MODES.get(byte)
+                mode = SharedGpu.SHARED if byte == _STARTING_CUDA else _MODES.get(byte)
                 if mode is None:
                     continue  # garbage on the pipe changes nothing
                 self.requests += 1
                 self._release_held()
                 with self._lock:
                     self._waiting_since = time.monotonic()
-                waited = self.gpu.acquire(mode, holder=self)
+                waited = self.gpu.acquire(mode, holder=None if byte == _STARTING_CUDA else self)
                 with self._lock:
                     self._held = mode
                     self._waiting_since = None
@@ -118,6 +125,7 @@ class GpuShareClient:
         self._before_release = before_release
         self.mode: str | None = None
         self.waits: list[float] = []
+        self.wait_before_go_s: float | None = None
 
     @classmethod
     def from_env(cls, before_release: Callable[[], None] = lambda: None) -> GpuShareClient:
@@ -143,6 +151,26 @@ class GpuShareClient:
         self.waits.append(time.monotonic() - started)
         self.mode = mode
 
+    @contextlib.contextmanager
+    def starting_cuda(self) -> Iterator[None]:
+        """Shared use of the GPU for the body, untracked (CUDA start-up before the worker's go: no task memory),
+        released after it with `before_release`. A no-op without a parent."""
+        if self._fds is None:
+            yield
+            return
+        request_w, grant_r = self._fds
+        started = time.monotonic()
+        os.write(request_w, _STARTING_CUDA)
+        os.read(grant_r, 1)
+        self.wait_before_go_s = round(time.monotonic() - started, 4)  # not the judgement's: kept apart from waits
+        try:
+            yield
+        finally:
+            with contextlib.suppress(Exception):
+                self._before_release()
+            os.write(request_w, b"R")
+            self.mode = None
+
     def start(self, mode: str = SharedGpu.SHARED) -> None:
         """Hold `mode` for the worker's GPU work from now on (SHARED or EXCLUSIVE before CUDA is initialised; WHOLE
         at any time, but only with no task memory held: the grant waits for the other lanes' workers to finish)."""
@@ -163,5 +191,8 @@ class GpuShareClient:
             self._ask(previous or SharedGpu.SHARED)
 
     def summary(self) -> dict[str, float | int | bool]:
-        return {"lanes_shared": self.active, "gate_requests": len(self.waits),
-                "gate_wait_s": round(sum(self.waits), 4)}
+        summary: dict[str, float | int | bool] = {"lanes_shared": self.active, "gate_requests": len(self.waits),
+                                                  "gate_wait_s": round(sum(self.waits), 4)}
+        if self.wait_before_go_s is not None:
+            summary["cuda_start_wait_before_go_s"] = self.wait_before_go_s
+        return summary

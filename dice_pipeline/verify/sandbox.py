@@ -181,14 +181,17 @@ def run_isolated(argv: list[str], *, cwd: str | Path, env: dict[str, str], timeo
 
         watcher = threading.Thread(target=watch_memory, daemon=True)
         watcher.start()
+        waited_before_go = 0.0  # a prestarted worker's wait to start CUDA: before its limit counts, so not added
         if gate is not None:
             while not gate.wait(0.05) and proc.poll() is None:
                 pass
             Path(gate_path).touch()
             start = time.monotonic()
+            waited_before_go = share.seconds_waited() if share is not None else 0.0
         try:
             while proc.poll() is None:
-                waited = min(share.seconds_waited(), extension_cap) if share is not None else 0.0
+                waited = (min(share.seconds_waited() - waited_before_go, extension_cap) if share is not None
+                          else 0.0)
                 remaining = limit["s"] + waited - (time.monotonic() - start)
                 if remaining <= 0:
                     timed_out = True
@@ -210,5 +213,5 @@ def run_isolated(argv: list[str], *, cwd: str | Path, env: dict[str, str], timeo
         returncode=proc.returncode, timed_out=timed_out, memory_exceeded=memory_exceeded,
         wall_seconds=time.monotonic() - start, peak_rss_mb=peak_rss, output_tail=output,
         network_isolated=bool(prefix), limit_s=limit["s"],
-        gpu_wait_s=share.waited_s if share is not None else None,
+        gpu_wait_s=share.waited_s - waited_before_go if share is not None else None,
     )

@@ -187,9 +187,48 @@ def _prepare_reference(judge: Any, config: VerifyConfig, send_limit: bool, phase
         _send_run_limit(config, 0.0, 0.0)
 
 
-def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scratch: Path) -> dict[str, Any]:
+def _share_client() -> GpuShareClient:
+    """The run stage's end of the GPU shared with other judging lanes (a no-op with one lane)."""
+    import torch
+
+    return GpuShareClient.from_env(before_release=torch.cuda.synchronize)
+
+
+def _start_cuda(request: dict[str, Any]) -> None:
+    """CUDA context, this lane's memory share, and the profiler's lazy state: trusted start-up, no task code."""
+    import torch
+
+    fraction = request.get("memory_fraction")
+    if fraction:
+        torch.cuda.set_per_process_memory_fraction(fraction)
+    torch.cuda.init()
+    _warm_up_lazy_torch_state()
+
+
+def start_cuda_before_go(request: dict[str, Any], share: GpuShareClient) -> dict[str, Any] | None:
+    """A prestarted run-stage worker beside other lanes starts CUDA while it waits for its go (about 1-2 s a
+    candidate off the lane's critical path), in untracked shared use of the GPU (gpu_share.py), so never inside
+    another lane's timed section. Not with one lane (the GPU is the previous candidate's alone until the go), nor
+    for a retry that needs the whole GPU (it waits for the other workers first). Returns what it did, or None."""
+    import torch
+
+    if not (share.active and request.get("stage") == "run" and not request.get("gpu_exclusive")):
+        return None
+    if not torch.cuda.is_available():
+        return None  # the run stage reports it
+    started = time.perf_counter()
+    with share.starting_cuda():
+        granted = time.perf_counter()
+        _start_cuda(request)
+    return {"seconds": round(time.perf_counter() - granted, 4), "gpu_wait_s": round(granted - started, 4)}
+
+
+def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scratch: Path,
+                    share: GpuShareClient | None = None,
+                    cuda_started_before_go: dict[str, Any] | None = None) -> dict[str, Any]:
     """The GPU judgement. With request["control"], the reference is judged against itself (measure_references):
-    the candidate source is not imported and no profiler pass runs."""
+    the candidate source is not imported and no profiler pass runs. `share`: the client to the GPU's other lanes
+    when main() made it before the gate; `cuda_started_before_go`: what start_cuda_before_go did, if it ran."""
     import torch
 
     from dice_pipeline.verify.harness import CandidateJudge, Rejection, RuntimeGuard
@@ -199,7 +238,7 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
         config.low_memory = True
     control = bool(request.get("control"))
     # Other judging lanes on this GPU: every GPU use below is shared with them, the timed sections are not.
-    share = GpuShareClient.from_env(before_release=torch.cuda.synchronize)
+    share = share or _share_client()
     phases: dict[str, float] = {}
     started = time.perf_counter()
     # A retry after running out of memory beside other lanes has the GPU and its memory whole from the start.
@@ -209,11 +248,9 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
         return {"status": "runtime_error", "reason": {"code": "no_gpu_in_worker", "stage": "correctness",
                                                       "message": "the run stage found no CUDA device"}}
     fraction = request.get("memory_fraction", config.gpu_memory_fraction)
-    if fraction:
-        torch.cuda.set_per_process_memory_fraction(fraction)
     started = time.perf_counter()
-    torch.cuda.init()
-    _warm_up_lazy_torch_state()
+    if cuda_started_before_go is None:
+        _start_cuda({**request, "memory_fraction": fraction})
     phases["cuda_start"] = round(time.perf_counter() - started, 4)
     guard = RuntimeGuard()  # before any task code is imported
     try:
@@ -278,6 +315,8 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
     props = torch.cuda.get_device_properties(0)
     provenance = result.setdefault("provenance", {})
     provenance["phase_seconds"] = {**provenance.get("phase_seconds", {}), **judge.phase_seconds}
+    if cuda_started_before_go is not None:
+        provenance["cuda_started_before_go"] = cuda_started_before_go
     if share.active:
         provenance["gpu_share"] = {**share.summary(), "lanes": request.get("gpu_lanes"),
                                    "whole_run_exclusive": share.mode == SharedGpu.WHOLE,
@@ -297,16 +336,20 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
     return result
 
 
-def _prepare_and_wait_at_gate(gate_path: Path) -> None:
-    """Trusted start-up only (the harness and the lazy torch modules it will need; no CUDA, no task code), then wait
-    for the parent to create `gate_path`: the previous candidate may still be on the GPU."""
+def _prepare_and_wait_at_gate(gate_path: Path, request: dict[str, Any],
+                              share: GpuShareClient | None) -> dict[str, Any] | None:
+    """Trusted start-up only (the harness and the lazy torch modules it will need; CUDA too beside other lanes:
+    start_cuda_before_go; no task code), then wait for the parent to create `gate_path`: the previous candidate
+    may still be on the GPU. Returns start_cuda_before_go's report."""
     import torch._dynamo  # noqa: F401 - imported by the profiler's first use otherwise
     import torch.profiler  # noqa: F401
 
     import dice_pipeline.verify.harness  # noqa: F401
 
+    started_cuda = start_cuda_before_go(request, share) if share is not None else None
     while not gate_path.exists():
         time.sleep(0.005)
+    return started_cuda
 
 
 def main(argv: list[str]) -> int:
@@ -322,8 +365,10 @@ def main(argv: list[str]) -> int:
                                    use_precompiled_header=request["config"].get("use_precompiled_header", True),
                                    light_cuda_headers=request["config"].get("light_cuda_headers", True))
     interceptor.install()
+    share = _share_client() if request["stage"] == "run" else None
+    cuda_started_before_go = None
     if request.get("gate_path"):
-        _prepare_and_wait_at_gate(Path(request["gate_path"]))
+        cuda_started_before_go = _prepare_and_wait_at_gate(Path(request["gate_path"]), request, share)
     if request.get("run_cpus"):
         # The GPU stage's own cores (no builds there); imports before the gate ran on any core.
         os.sched_setaffinity(0, request["run_cpus"])
@@ -336,7 +381,7 @@ def main(argv: list[str]) -> int:
     elif request["stage"] == "pch":
         result = {"status": "ok", "pch_flags": interceptor.ensure_precompiled_header([], wait=True)}
     elif request["stage"] == "run":
-        result = run_judge_stage(request, interceptor, scratch)
+        result = run_judge_stage(request, interceptor, scratch, share, cuda_started_before_go)
     else:
         raise ValueError(f"unknown stage {request['stage']!r}")
     result["build_mode"] = mode

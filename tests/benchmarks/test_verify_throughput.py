@@ -103,7 +103,8 @@ def test_ours_alone_reports_its_settings_and_where_its_time_went(tmp_path, monke
     def fake_verify_batch(jobs, config, on_result=None):
         configs.append(config)
         provenance = {"gpu": "test", "time": "t", "phase_seconds": {"correctness": 1.0, "timing": 3.0},
-                      "timing_split_s": {"launch_floors": 0.1, "warmup": 0.5, "pairs": 2.0}}
+                      "timing_split_s": {"launch_floors": 0.1, "warmup": 0.5, "pairs": 2.0},
+                      "cuda_started_before_go": {"seconds": 1.5, "gpu_wait_s": 0.25}}
         verdicts = [Verdict(status=Status.CORRECT, speedup=1.5, provenance=dict(provenance)) for _ in jobs]
         verdicts[0].provenance = {"gpu": "test", "time": "t", "phase_seconds": {"correctness": 3.0}}  # no timing
         for job, verdict in zip(jobs, verdicts):
@@ -127,6 +128,9 @@ def test_ours_alone_reports_its_settings_and_where_its_time_went(tmp_path, monke
     phases = summary["ours"]["phase_seconds"]
     assert phases["correctness"] == {"n": 40, "sum": 39 * 1.0 + 3.0, "median": 1.0}
     assert phases["timing"]["n"] == 39 and phases["timing.pairs"] == {"n": 39, "sum": 78.0, "median": 2.0}
+    # the prestarted workers' CUDA start-up, kept apart from the judgement's phases
+    assert phases["before_go.cuda_start_seconds"] == {"n": 39, "sum": 58.5, "median": 1.5}
+    assert phases["before_go.cuda_start_gpu_wait_s"]["median"] == 0.25
 
 
 def test_the_timeline_counts_verdicts_in_by_each_mark():

@@ -464,3 +464,84 @@ def test_the_measured_workspace_foresees_the_h100_rows_that_ran_out_of_their_sha
         if not needs_whole_gpu(input_bytes, out_bytes, budget):
             without_workspace.append(row["task_id"])
     assert sorted(without_workspace) == ["L1/91_cumsum_reverse", "L1/92_cumsum_exclusive", "L1/96_HuberLoss"]
+
+
+# --- a prestarted worker starting CUDA before its go (worker.start_cuda_before_go) --------------------------------
+PRESTARTED_WORKER = """
+import json, sys, time
+from pathlib import Path
+from dice_pipeline.verify.gpu_share import GpuShareClient
+client = GpuShareClient.from_env()
+spans = []
+with client.starting_cuda():
+    t = time.monotonic(); time.sleep(0.2); spans.append(["starting_cuda", t, time.monotonic()])
+Path(sys.argv[1] + ".waiting").write_text("")
+while not Path({gate!r}).exists():
+    time.sleep(0.005)
+client.start()
+t = time.monotonic(); time.sleep(0.1); spans.append(["shared", t, time.monotonic()])
+open(sys.argv[1], "w").write(json.dumps({{"spans": spans, "summary": client.summary()}}))
+"""
+
+
+def test_cuda_start_before_the_go_waits_out_timed_sections_holds_no_residency_and_no_limit(tmp_path):
+    """The prestarted worker's CUDA start-up is shared use (it waits for another lane's timed section), leaves it
+    no resident (a lane waiting for the whole GPU is not held up by a worker still waiting for its go), and its
+    wait is not added to the limit, which counts from the go."""
+    gpu = SharedGpu(0, lock_dir=None)
+    work = tmp_path / "pre"
+    work.mkdir()
+    out, gate_path = work / "spans.json", work / "go"
+    gate = threading.Event()
+    gpu.acquire(SharedGpu.EXCLUSIVE)  # another lane's timed section
+    released_at: list[float] = []
+
+    def end_timed_section() -> None:
+        time.sleep(1.0)
+        released_at.append(time.monotonic())
+        gpu.release(SharedGpu.EXCLUSIVE)
+
+    threading.Thread(target=end_timed_section, daemon=True).start()
+    holder: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: holder.__setitem__("r", run_isolated(
+        [sys.executable, "-c", PRESTARTED_WORKER.format(gate=str(gate_path)), str(out)], cwd=work,
+        env=scrubbed_environment({"PYTHONPATH": REPO_ROOT}), timeout_s=1.0, isolate_network=False,
+        gate=gate, gate_path=gate_path, gpu_share=gpu)))
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not Path(str(out) + ".waiting").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert gpu.state() == {"shared": 0, "exclusive": False, "waiting_exclusive": 0, "waiting_whole": 0,
+                           "residents": 0}
+    lane = object()  # another lane's worker, whose next task needs the whole GPU: not held up by this one
+    _, whole = _in_thread(lambda: gpu.acquire(SharedGpu.WHOLE, holder=lane))
+    assert whole.wait(2)
+    gpu.release(SharedGpu.WHOLE)
+    gpu.leave(lane)
+    time.sleep(0.5)  # past the 1 s limit if the limit counted before the go
+    gate.set()
+    thread.join(timeout=20)
+    result = holder["r"]
+    payload = json.loads(out.read_text())
+    assert result.returncode == 0 and not result.timed_out
+    starting = payload["spans"][0]
+    assert starting[1] >= released_at[0]  # never inside the timed section
+    assert payload["summary"]["cuda_start_wait_before_go_s"] >= 0.8
+    assert payload["summary"]["gate_requests"] == 1  # the go's shared request; the start-up is kept apart
+    assert result.gpu_wait_s < 0.5  # the wait before the go is not the judgement's
+    assert gpu.state()["residents"] == 0
+
+
+def test_cuda_is_started_before_the_go_only_beside_other_lanes():
+    from dice_pipeline.verify.gpu_share import GpuShareClient
+    from dice_pipeline.verify.worker import start_cuda_before_go
+
+    alone = GpuShareClient(None)
+    assert start_cuda_before_go({"stage": "run"}, alone) is None  # one lane: the GPU is the previous candidate's
+    lanes = GpuShareClient((-1, -1))  # a parent's pipes (never written: every case below returns first)
+    assert start_cuda_before_go({"stage": "run", "gpu_exclusive": True}, lanes) is None  # waits for the others
+    assert start_cuda_before_go({"stage": "build"}, lanes) is None
+    import torch
+
+    if not torch.cuda.is_available():
+        assert start_cuda_before_go({"stage": "run"}, lanes) is None  # the run stage reports the missing GPU
