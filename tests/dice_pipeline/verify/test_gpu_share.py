@@ -545,3 +545,59 @@ def test_cuda_is_started_before_the_go_only_beside_other_lanes():
 
     if not torch.cuda.is_available():
         assert start_cuda_before_go({"stage": "run"}, lanes) is None  # the run stage reports the missing GPU
+
+
+CHECKPOINTED_WORKER = """
+import json, sys, time
+from pathlib import Path
+from dice_pipeline.verify.gpu_share import GpuShareClient
+client = GpuShareClient.from_env()
+client.start()
+Path(sys.argv[1] + ".started").write_text("")
+steps = []
+for _ in range(5):
+    t = time.monotonic(); time.sleep(0.3); steps.append(["step", t, time.monotonic()])
+    client.checkpoint()
+open(sys.argv[1], "w").write(json.dumps({{"spans": steps, "summary": client.summary()}}))
+"""
+
+
+def test_a_timed_section_waits_for_the_step_a_lane_is_in_not_for_all_its_untimed_work(tmp_path):
+    """Checkpoints between untimed steps: another lane's timed section goes at the next one (and overlaps none of
+    this worker's steps), where it used to wait for the worker's whole untimed phase."""
+    gpu = SharedGpu(0, lock_dir=None)
+    holder: dict[str, object] = {}
+    thread = threading.Thread(target=lambda: holder.__setitem__("r", _run_lane(tmp_path, "steps", gpu,
+                                                                               CHECKPOINTED_WORKER.format())))
+    thread.start()
+    started = tmp_path / "steps" / "spans.json.started"
+    deadline = time.monotonic() + 20
+    while not started.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.1)
+    asked = time.monotonic()
+    gpu.acquire(SharedGpu.EXCLUSIVE)  # another lane's timed section
+    granted = time.monotonic()
+    time.sleep(0.2)
+    timed = ["exclusive", granted, time.monotonic()]
+    gpu.release(SharedGpu.EXCLUSIVE)
+    thread.join(timeout=30)
+    result, payload = holder["r"]
+    assert result.returncode == 0
+    steps = payload["spans"]
+    assert granted - asked < 0.6  # one 0.3 s step at most, not the worker's 1.5 s of steps
+    assert granted < steps[-1][1]  # before the worker's untimed work was over
+    assert not any(_overlap(timed, step) for step in steps)
+    assert payload["summary"]["gate_requests"] == 6  # the start and one request a checkpoint
+
+
+def test_a_checkpoint_is_a_no_op_without_a_parent_or_outside_shared_use():
+    from dice_pipeline.verify.gpu_share import GpuShareClient
+
+    calls: list[str] = []
+    client = GpuShareClient(None, before_release=lambda: calls.append("sync"))
+    client.checkpoint()
+    assert calls == [] and client.mode is None
+    client.start(SharedGpu.WHOLE)
+    client.checkpoint()
+    assert client.mode == SharedGpu.WHOLE and client.summary()["gate_requests"] == 0
