@@ -2,9 +2,8 @@
 
 The parent holds the GPU on the worker's behalf (`dice_pipeline.gpu_pool.SharedGpu`): the worker asks over a pipe
 and waits for the grant. Shared mode covers every untimed use of the GPU (CUDA start-up, input draws, correctness
-trials, the profiler pass, torch.compile's warm-up), given up and asked for again between steps (`checkpoint`) so
-a timed section waits for the step each lane is in rather than for all its untimed work; exclusive mode covers the
-timed sections, so a timing never overlaps another lane's GPU work; whole mode gives a judgement too big for its lane's memory share the GPU and
+trials, the profiler pass, torch.compile's warm-up); exclusive mode covers the timed sections, so a timing never
+overlaps another lane's GPU work; whole mode gives a judgement too big for its lane's memory share the GPU and
 its memory (SharedGpu's docstring). Keeping the lock in the parent, not in a file the worker could open, means a
 candidate cannot take the GPU from the other lanes for longer than its own time limit (the parent releases what a
 dead worker held), and the time a worker spends waiting for the GPU is added to its limit, so no candidate is
@@ -176,15 +175,6 @@ class GpuShareClient:
         """Hold `mode` for the worker's GPU work from now on (SHARED or EXCLUSIVE before CUDA is initialised; WHOLE
         at any time, but only with no task memory held: the grant waits for the other lanes' workers to finish)."""
         self._ask(mode)
-
-    def checkpoint(self) -> None:
-        """Between two steps of untimed work: give the shared hold up and ask for it again. A timed section another
-        lane has asked for then waits only for the step each worker is in, not for all of its untimed work (writers
-        first: this worker goes on once the timed sections asked for so far are done). A no-op without a parent or
-        outside shared mode."""
-        if self._fds is None or self.mode != SharedGpu.SHARED:
-            return
-        self._ask(SharedGpu.SHARED)
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:

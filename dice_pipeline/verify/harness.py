@@ -736,8 +736,6 @@ class CandidateJudge:
         stale_bytes = 0 if cfg.low_memory else STALE_CHECK_BYTES
         worst_consistency: tuple[float, float] | None = None  # (max abs diff between two runs, tolerance)
         for trial in range(cfg.correctness_trials):
-            if trial:
-                self.gpu_share.checkpoint()  # another lane's timed section may go first
             seed = cfg.seed + trial
             inputs = self._inputs(seed)
             self._poison_allocator(earlier_refs[-1] if earlier_refs else self.probe)
@@ -1167,17 +1165,13 @@ class CandidateJudge:
         try:
             try:
                 stage = "correctness"
-                # Checkpoints between the untimed steps: another lane's timed section waits for one step, not all.
                 if not self.prepared:
                     with self.phase("prepare_reference"):
                         self.prepare_reference()
-                self.gpu_share.checkpoint()
                 with self.phase("build_model"):
                     self._build_candidate()
-                self.gpu_share.checkpoint()
                 with self.phase("correctness"):
                     self.run_correctness()
-                self.gpu_share.checkpoint()
                 if not self.control:
                     stage = "anti_gaming"
                     with self.phase("profiler"):

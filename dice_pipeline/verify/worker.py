@@ -251,7 +251,6 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
     started = time.perf_counter()
     if cuda_started_before_go is None:
         _start_cuda({**request, "memory_fraction": fraction})
-        share.checkpoint()
     phases["cuda_start"] = round(time.perf_counter() - started, 4)
     guard = RuntimeGuard()  # before any task code is imported
     try:
