@@ -235,9 +235,10 @@ class _BatchRun:
         return None, facts
 
     def build_group(self, group: BuildGroup) -> dict[str, Any]:
-        """Build a group's extensions as one library in an isolated build worker (batched_build); its members'
-        own build stages then find their extensions in the cache. What happened, for their provenance; a worker
-        that fails or dies only means the members build alone."""
+        """Build a group's extensions as one library in an isolated build worker (batched_build); its members then
+        find their extensions in the cache (in their run stage, or in their own build stage where that runs:
+        VerifyConfig.skip_grouped_member_builds). What happened, for their provenance; a worker that fails or dies
+        only means the members build alone."""
         job = VerifyJob(f"group_build:{group.indices[0]}", "", "")
         outcome, payload = self._run_worker(job, "group_build", None, device=None,
                                             extra_request={"group_extensions": group.extensions})
@@ -268,7 +269,20 @@ class _BatchRun:
 
     def judge(self, job: VerifyJob, static: StaticReport, facts: dict[str, Any], device: int,
               gate: threading.Event | None = None, *, control: bool = False) -> Verdict:
-        outcome, payload = self._run_worker(job, "run", static, device=device, gate=gate, control=control)
+        cached_only = {"builds_expected_cached": True} if facts.get("member_build_stage") == "skipped" else None
+        outcome, payload = self._run_worker(job, "run", static, device=device, gate=gate, control=control,
+                                            extra_request=cached_only)
+        if payload is not None and payload.get("status") == "needs_build":
+            # An extension its group did not build (e.g. one its source builds in a way not read statically): the
+            # skipped build stage now, on the build cores, then the judgement again.
+            verdict, built = self.build(job, static)
+            facts = {**facts, **built, "member_build_stage": f"run: the run stage met extension(s) "
+                                                            f"{payload.get('missed_cache')} its group had not built"}
+            if verdict is not None:
+                verdict.provenance = {**(verdict.provenance or {}), "build_group": facts.get("build_group"),
+                                      "member_build_stage": facts["member_build_stage"]}
+                return verdict
+            outcome, payload = self._run_worker(job, "run", static, device=device, control=control)
         first_attempt = None
         if payload is not None and payload.get("retry_low_memory"):
             # Out of memory with the verifier's full resident state: judged once more with less of it. What
@@ -400,17 +414,25 @@ def verify_batch(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,
         if not builds_run:
             run.finish(job, run.not_executed(static, {}, built=False), results, index)
             return
+        report = group_reports.get(index)
+        built_in_group = report is not None and set(report["members"]) <= set(report.get("grouped", []))
+        # Built moments ago in its group, not found from an earlier run: a cold build, its share of the group's
+        # compile time.
+        group_share = (round(sum(a.get("seconds", 0.0) for a in report.get("attempts", []))
+                             / max(1, len(report["grouped"])), 3) if built_in_group else None)
+        if built_in_group and run.execute and config.skip_grouped_member_builds:
+            # Its run stage imports it against the cache its group filled (a miss there sends it back to this
+            # build stage: judge); no build worker of its own on the build cores meanwhile.
+            ready.put((index, static, {"compile_seconds": group_share, "build_cache_hit": False,
+                                       "build_group": report, "member_build_stage": "skipped"}))
+            return
         verdict, facts = run.build(job, static)
-        if index in group_reports:
-            report = group_reports[index]
+        if report is not None:
             facts["build_group"] = report
             if verdict is not None:
                 verdict.provenance["build_group"] = report
-            if facts.get("builds") and set(report["members"]) <= set(report.get("grouped", [])):
-                # Built moments ago in its group, not found from an earlier run: a cold build, its share of the
-                # group's compile time.
-                share = sum(a.get("seconds", 0.0) for a in report.get("attempts", [])) / max(1, len(report["grouped"]))
-                facts.update(build_cache_hit=False, compile_seconds=round(share, 3))
+            if facts.get("builds") and built_in_group:
+                facts.update(build_cache_hit=False, compile_seconds=group_share)
                 if verdict is not None:
                     verdict.build_cache_hit, verdict.compile_seconds = False, facts["compile_seconds"]
         if verdict is None and run.execute:
@@ -451,8 +473,8 @@ def verify_batch(jobs: list[VerifyJob], config: VerifyConfig | None = None, *,
         if config.build_profile == "fast" and config.use_precompiled_header and len(to_build) >= 4 \
                 and config.max_parallel_builds >= 4:
             pool.submit(run.warm_precompiled_header)
-        # Groups first (each is one long build), then the candidates that build alone; a group's candidates
-        # start their own (now cached) build stages as soon as their group is done.
+        # Groups first (each is one long build), then the candidates that build alone; a group's candidates go on
+        # as soon as their group is done (to the GPU, or to their own, now cached, build stages: build_one).
         slots = threading.BoundedSemaphore(run.group_build_slots())
 
         def build_group(group: BuildGroup) -> dict[str, Any]:

@@ -92,6 +92,11 @@ class ExtensionCompileError(RuntimeError):
         self.log = log
 
 
+class BuildNotCached(RuntimeError):
+    """A run stage that was told every extension of its candidate is cached (its group built them, so its own build
+    stage was skipped) met one that is not: the parent runs the build stage and judges the candidate again."""
+
+
 @dataclass
 class ExtensionSources:
     """Arguments of one `load_inline` call, normalised (lists, dict of functions)."""
@@ -292,6 +297,10 @@ class BuildInterceptor:
         self.records: list[BuildRecord] = []
         self._original_load_inline: Callable[..., Any] | None = None
         self._original_load: Callable[..., Any] | None = None
+        # Cached builds only (a run stage whose build stage was skipped): a miss raises BuildNotCached and is
+        # remembered in `missed_cache` (a candidate that catches the exception cannot hide it).
+        self.cached_only = False
+        self.missed_cache: list[str] = []
 
     # --- toolchain facts -------------------------------------------------------------------------------------
     def toolchain(self) -> dict[str, str]:
@@ -413,6 +422,8 @@ class BuildInterceptor:
             if self.mode == "compile_only":
                 return self._compile_only(normalised, key, record)
             build_dir = self.cache_dir / key
+            if not (build_dir / "BUILD_OK.json").exists():
+                self._not_cached(str(name))
             build_dir.mkdir(parents=True, exist_ok=True)
             kwargs.update(build_directory=str(build_dir), verbose=False)
             with file_lock(build_dir / ".dice_lock"):
@@ -420,6 +431,8 @@ class BuildInterceptor:
                 module = self._original_load(f"{_safe_identifier(str(name))}_{key[:12]}", paths, **kwargs)
                 (build_dir / "BUILD_OK.json").write_text(json.dumps({"variant": "load"}))
             return module
+        except BuildNotCached:
+            raise
         except Exception as exc:  # noqa: BLE001 - torch raises RuntimeError/subprocess errors for build failures
             record.error = str(exc)[-4000:]
             raise ExtensionCompileError("extension failed to build", str(exc)) from exc
@@ -510,6 +523,11 @@ class BuildInterceptor:
             variants.append(("trimmed", replace(sources, cuda_sources=trimmed)))
         return variants + [("full", sources)]
 
+    def _not_cached(self, name: str) -> None:
+        if self.cached_only:
+            self.missed_cache.append(name)
+            raise BuildNotCached(f"extension {name!r} is not in the build cache")
+
     def _build_with_torch(self, sources: ExtensionSources, key: str, record: BuildRecord, kwargs: dict[str, Any],
                           *, first_variant_only: bool = False) -> Any:
         from torch.utils import cpp_extension
@@ -517,6 +535,8 @@ class BuildInterceptor:
 
         build_dir = self.cache_dir / key
         marker = build_dir / "BUILD_OK.json"
+        if self.cached_only and not marker.exists():
+            self._not_cached(sources.name)  # before the lock: nothing is created in the cache
         with file_lock(build_dir / ".dice_lock"):
             if marker.exists():
                 built = json.loads(marker.read_text())
@@ -527,6 +547,7 @@ class BuildInterceptor:
                     record.cache_hit, record.variant = True, built["variant"]
                     group = _import_module_from_library(built["module_name"], built["module_dir"], True)
                     return GroupMemberExtension(sources.name, group, built["namespace"], list(sources.functions or {}))
+                self._not_cached(sources.name)
                 marker.unlink()  # the group's library is gone from the cache: build this one alone
             pch_flags = self.ensure_precompiled_header(sources.extra_cflags)
             errors = []
@@ -557,6 +578,8 @@ class BuildInterceptor:
         build_dir = self.cache_dir / key
         marker = build_dir / "COMPILE_OK.json"
         functions = list(sources.functions or {})
+        if not marker.exists():
+            self._not_cached(sources.name)
         with file_lock(build_dir / ".dice_lock"):
             if marker.exists():
                 record.cache_hit, record.variant = True, json.loads(marker.read_text())["variant"]

@@ -93,6 +93,11 @@ class VerifyConfig:
     build_batch_size: int = 8
     # Group builds compiling at once; 0 = the build cores / api.BUILD_JOBS (groups in waves, none oversubscribed).
     parallel_group_builds: int = 0
+    # Where candidates are judged on a GPU: a candidate whose group built every extension it declares goes
+    # straight to its run stage (no build worker of its own importing torch on the build cores; its extensions
+    # load from the cache there). A run stage that meets an extension not in the cache hands the candidate back
+    # to its build stage and is run again (api._BatchRun.judge). False = every member runs its build stage.
+    skip_grouped_member_builds: bool = True
     l2_flush_mb: int = 256  # H200 L2 is 60 MB: flush with at least 4x that
     # Which timing convention `Verdict.speedup` (and so the filter, the reward and fast_p) uses; both are always
     # measured. "gpu": flush and call enqueued back to back (KernelBench, triton do_bench, ConCuR's numbers);
@@ -134,7 +139,8 @@ class VerifyConfig:
     # that farms builds out ahead of the GPU stage). ~1-3 min a candidate on a 2-core machine; False = static only.
     build_without_gpu: bool = True
     # Start each GPU worker (interpreter, imports: ~2-4 s) while the previous candidate is still on the GPU; it
-    # waits at a gate, runs no task code and touches no GPU until its turn.
+    # waits at a gate and runs no task code until its turn. Beside other lanes (gpu_lanes > 1) it also starts CUDA
+    # meanwhile, in shared use of the GPU (worker.start_cuda_before_go); with one lane it touches no GPU before.
     prestart_gpu_workers: bool = True
     # CPU cores kept free of builds for the GPU workers: eager references are launch-bound, and CUDA events count
     # the gaps between launches, which widen when builds load every core (measured: up to ~25% on a speedup).

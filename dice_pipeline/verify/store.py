@@ -28,7 +28,7 @@ _NOT_IN_KEY = frozenset({
     "use_precompiled_header", "light_cuda_headers", "isolate_network", "compile_arch", "build_without_gpu",
     "compile_timeout_s",
     "run_timeout_s", "verdict_store_dir", "prestart_gpu_workers", "gpu_worker_cpus",
-    "device_lock_dir", "gpu_lanes", "build_batch_size", "parallel_group_builds",
+    "device_lock_dir", "gpu_lanes", "build_batch_size", "parallel_group_builds", "skip_grouped_member_builds",
     # how long the device warms before timing: the warm-up ends at steady clocks either way (harness.warm_up)
     "warmup_min_seconds",
     # set per attempt, bounding time, or choosing which stored verdicts to read: never what a verdict says

@@ -365,6 +365,9 @@ def main(argv: list[str]) -> int:
                                    use_precompiled_header=request["config"].get("use_precompiled_header", True),
                                    light_cuda_headers=request["config"].get("light_cuda_headers", True))
     interceptor.install()
+    # Its group built every extension it declares, so its own build stage was skipped: a build now goes back to
+    # the parent (status needs_build), which runs that stage on the build cores and judges the candidate again.
+    interceptor.cached_only = request["stage"] == "run" and bool(request.get("builds_expected_cached"))
     share = _share_client() if request["stage"] == "run" else None
     cuda_started_before_go = None
     if request.get("gate_path"):
@@ -382,6 +385,9 @@ def main(argv: list[str]) -> int:
         result = {"status": "ok", "pch_flags": interceptor.ensure_precompiled_header([], wait=True)}
     elif request["stage"] == "run":
         result = run_judge_stage(request, interceptor, scratch, share, cuda_started_before_go)
+        if interceptor.missed_cache:  # whatever the judgement found, it was not of the candidate as built alone
+            result = {"status": "needs_build", "missed_cache": interceptor.missed_cache,
+                      **_build_summary(interceptor)}
     else:
         raise ValueError(f"unknown stage {request['stage']!r}")
     result["build_mode"] = mode

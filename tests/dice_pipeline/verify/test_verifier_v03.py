@@ -396,8 +396,9 @@ def _fake_run(monkeypatch, payloads: list[dict]) -> tuple[api._BatchRun, list[di
     calls: list[dict] = []
 
     def fake_worker(job, stage, static, device, gate=None, *, control=False, low_memory=False,
-                    gpu_exclusive=False):
-        calls.append({"stage": stage, "low_memory": low_memory, "control": control})
+                    gpu_exclusive=False, extra_request=None):
+        calls.append({"stage": stage, "low_memory": low_memory, "control": control,
+                      "extra_request": extra_request})
         outcome = types.SimpleNamespace(wall_seconds=1.0, network_isolated=True, peak_rss_mb=1.0, timed_out=False,
                                         memory_exceeded=False, limit_s=300.0, gpu_wait_s=None)
         return outcome, dict(payloads[len(calls) - 1])
@@ -446,7 +447,7 @@ def test_measure_references_reads_both_conventions_from_the_control_verdict(monk
     seen = []
 
     def fake_worker(self, job, stage, static, device, gate=None, *, control=False, low_memory=False,
-                    gpu_exclusive=False):
+                    gpu_exclusive=False, extra_request=None):
         seen.append(control)
         outcome = types.SimpleNamespace(wall_seconds=1.0, network_isolated=True, peak_rss_mb=1.0, timed_out=False,
                                         memory_exceeded=False, limit_s=300.0, gpu_wait_s=None)
