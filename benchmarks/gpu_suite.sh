@@ -42,12 +42,12 @@ for part in $PARTS; do
         verify)  # the verifier on the seed corpus and the serial KernelBench-like baseline (fills the store)
             step verify_throughput 900 python3 benchmarks/verify_throughput.py --out "$OUT/verify" \
                 --baseline-subset 2 --verdict-store "$STORE" ;;
-        throughput)  # 67 candidates: ours (4 lanes on 4 cores, build groups; 16.4 a minute on an H100) against a
+        throughput)  # 67 candidates: ours (8 lanes on 8 cores, build groups; 29.2 a minute on an H200) against a
                      # parallel-build, judge-one-at-a-time KernelBench-style pipeline, side by side (the verifier
                      # issue's deliverable 6), and the timed calls' output check both ways
             step compare_check 120 python3 benchmarks/compare_check.py --out "$OUT/compare_check.json"
             step verify_throughput_parallel 1800 python3 benchmarks/verify_throughput.py --out "$OUT/throughput" \
-                --candidates seed+structures --baseline parallel --lanes 4 --gpu-worker-cpus 4 --batch-size 8 \
+                --candidates seed+structures --baseline parallel --lanes 8 --gpu-worker-cpus 8 --batch-size 8 \
                 --timing-max-samples 100
             step build_groups 900 python3 benchmarks/build_groups.py "$OUT/build_groups" --batch-size 8 --judge 6 ;;
         synthesis)  # the structure catalogue with the template backend, really verified (adds to the store)
