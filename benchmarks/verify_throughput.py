@@ -6,6 +6,7 @@ cold builds, 5 allclose trials at 1e-2, 100 timed trials with CUDA events). Run 
                                            [--lanes 2] [--batch-size 8] [--timing-max-samples 100]
                                            [--baseline-first] [--gpu-worker-cpus N] [--warmup-seconds S]
                                            [--warmup-min-seconds S] [--parallel-group-builds N] [--no-light-headers]
+                                           [--no-cuda-before-go] [--member-build-stages]
 
 Baselines: "parallel" (the strongest plain one) builds every candidate at once on every core, each in a fresh
 process and extension folder, then judges them one at a time in fresh processes that load the built extensions;
@@ -265,6 +266,8 @@ def build_summary(args: argparse.Namespace, config: VerifyConfig, pairs: list[di
                  "warmup_steady": sum(bool(v.provenance.get("warmup_steady")) for v in verdicts),
                  "parallel_group_builds": config.parallel_group_builds,
                  "light_cuda_headers": config.light_cuda_headers,
+                 "start_cuda_before_go": config.start_cuda_before_go,
+                 "skip_grouped_member_builds": config.skip_grouped_member_builds,
                  "cold_build_seconds_median": statistics.median(cold) if cold else None,
                  "cold_build_seconds_min": min(cold) if cold else None, **(cache_hit or {}),
                  "gpu_worker_cpus": config.gpu_worker_cpus, "phase_seconds": phase_summary(verdicts),
@@ -345,6 +348,12 @@ def main() -> int:
                         help="our shortest warm-up (VerifyConfig.warmup_min_seconds; = --warmup-seconds: a fixed one)")
     parser.add_argument("--parallel-group-builds", type=int, default=None,
                         help="our group builds at once (VerifyConfig.parallel_group_builds; 0: build cores / 2)")
+    parser.add_argument("--no-cuda-before-go", action="store_true",
+                        help="prestarted workers start CUDA at their go, not before it beside other lanes "
+                             "(VerifyConfig.start_cuda_before_go=False)")
+    parser.add_argument("--member-build-stages", action="store_true",
+                        help="every grouped candidate also runs its own (cached) build stage "
+                             "(VerifyConfig.skip_grouped_member_builds=False)")
     parser.add_argument("--no-light-headers", action="store_true",
                         help="our builds without the light CUDA and binding-file headers "
                              "(VerifyConfig.light_cuda_headers=False)")
@@ -392,6 +401,10 @@ def main() -> int:
         timing["parallel_group_builds"] = args.parallel_group_builds
     if args.no_light_headers:
         timing["light_cuda_headers"] = False
+    if args.no_cuda_before_go:
+        timing["start_cuda_before_go"] = False
+    if args.member_build_stages:
+        timing["skip_grouped_member_builds"] = False
     config = VerifyConfig(verdict_store_dir=str(store_dir), gpu_lanes=args.lanes,
                           build_batch_size=args.batch_size, **timing)
     if args.from_log:

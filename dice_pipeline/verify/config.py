@@ -142,6 +142,8 @@ class VerifyConfig:
     # waits at a gate and runs no task code until its turn. Beside other lanes (gpu_lanes > 1) it also starts CUDA
     # meanwhile, in shared use of the GPU (worker.start_cuda_before_go); with one lane it touches no GPU before.
     prestart_gpu_workers: bool = True
+    # Beside other lanes, a prestarted worker starts CUDA before its go (above); False = at its go, as with one lane.
+    start_cuda_before_go: bool = True
     # CPU cores kept free of builds for the GPU workers: eager references are launch-bound, and CUDA events count
     # the gaps between launches, which widen when builds load every core (measured: up to ~25% on a speedup).
     # Applied on hosts with at least 4x as many cores; 0 = off.

@@ -209,10 +209,12 @@ def start_cuda_before_go(request: dict[str, Any], share: GpuShareClient) -> dict
     """A prestarted run-stage worker beside other lanes starts CUDA while it waits for its go (about 1-2 s a
     candidate off the lane's critical path), in untracked shared use of the GPU (gpu_share.py), so never inside
     another lane's timed section. Not with one lane (the GPU is the previous candidate's alone until the go), nor
-    for a retry that needs the whole GPU (it waits for the other workers first). Returns what it did, or None."""
+    for a retry that needs the whole GPU (it waits for the other workers first), nor where the config turns it off
+    (VerifyConfig.start_cuda_before_go). Returns what it did, or None."""
     import torch
 
-    if not (share.active and request.get("stage") == "run" and not request.get("gpu_exclusive")):
+    if not (share.active and request.get("stage") == "run" and not request.get("gpu_exclusive")
+            and request.get("config", {}).get("start_cuda_before_go", True)):
         return None
     if not torch.cuda.is_available():
         return None  # the run stage reports it

@@ -118,9 +118,12 @@ def test_ours_alone_reports_its_settings_and_where_its_time_went(tmp_path, monke
     monkeypatch.setattr(verify_throughput, "_baseline_process", no_baseline)
     monkeypatch.setattr(verify_throughput, "compile_only", lambda *a, **k: Verdict(status=Status.CORRECT))
     monkeypatch.setattr(sys, "argv", ["verify_throughput.py", "--out", str(tmp_path), "--baseline", "none",
-                                      "--lanes", "4", "--gpu-worker-cpus", "4", "--warmup-seconds", "0.1"])
+                                      "--lanes", "4", "--gpu-worker-cpus", "4", "--warmup-seconds", "0.1",
+                                      "--no-cuda-before-go", "--member-build-stages"])
     assert verify_throughput.main() == 0
     summary = json.loads((tmp_path / "verify_throughput.json").read_text())
+    assert configs[0].start_cuda_before_go is False and configs[0].skip_grouped_member_builds is False
+    assert summary["ours"]["start_cuda_before_go"] is False and summary["ours"]["skip_grouped_member_builds"] is False
     assert configs[0].gpu_lanes == 4 and configs[0].gpu_worker_cpus == 4 and summary["ours"]["gpu_worker_cpus"] == 4
     assert configs[0].warmup_seconds == 0.1 == summary["ours"]["warmup_seconds"]
     assert summary["baseline"]["candidates"] == 0 and summary["throughput_ratio"] is None

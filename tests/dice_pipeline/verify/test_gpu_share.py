@@ -541,6 +541,10 @@ def test_cuda_is_started_before_the_go_only_beside_other_lanes():
     lanes = GpuShareClient((-1, -1))  # a parent's pipes (never written: every case below returns first)
     assert start_cuda_before_go({"stage": "run", "gpu_exclusive": True}, lanes) is None  # waits for the others
     assert start_cuda_before_go({"stage": "build"}, lanes) is None
+    assert start_cuda_before_go({"stage": "run", "config": {"start_cuda_before_go": False}}, lanes) is None
+    from dice_pipeline.verify.store import _NOT_IN_KEY
+
+    assert {"start_cuda_before_go", "skip_grouped_member_builds"} <= _NOT_IN_KEY  # how, not what, is judged
     import torch
 
     if not torch.cuda.is_available():
