@@ -332,3 +332,34 @@ def test_an_interceptor_told_to_find_every_build_cached_refuses_to_build(tmp_pat
     module = interceptor.load_inline(**kwargs)
     assert interceptor.records[-1].cache_hit and callable(module.f)
     assert interceptor.missed_cache == ["ext"]
+
+
+def test_the_run_stage_of_a_skipped_member_reports_an_uncached_build_whatever_the_candidate_did(tmp_path, monkeypatch):
+    """worker.main with builds_expected_cached: the interceptor finds cached builds only, and a miss, even one the
+    candidate caught, turns the run stage's result into needs_build (the parent then runs the build stage)."""
+    import json
+
+    from dice_pipeline.verify import worker
+    from dice_pipeline.verify.build_cache import BuildNotCached
+
+    def candidate_that_swallows_the_miss(request, interceptor, scratch, share=None, cuda_started_before_go=None):
+        try:
+            interceptor.load_inline(name="late_ext", cpp_sources="int f();", functions=["f"])
+        except BuildNotCached:
+            pass  # e.g. a try/except fallback around load_inline in the candidate's module
+        return {"status": "correct", "reasons": [], "flags": []}
+
+    monkeypatch.setattr(worker, "run_judge_stage", candidate_that_swallows_the_miss)
+    monkeypatch.chdir(tmp_path)
+    request = {"stage": "run", "cache_dir": str(tmp_path / "cache"), "build_profile": "fast", "arch": "9.0",
+               "config": VerifyConfig(use_precompiled_header=False).to_dict(), "builds_expected_cached": True,
+               "result_path": str(tmp_path / "result.json")}
+    (tmp_path / "request.json").write_text(json.dumps(request))
+    assert worker.main([str(tmp_path / "request.json")]) == 0
+    result = json.loads((tmp_path / "result.json").read_text())
+    assert result["status"] == "needs_build" and result["missed_cache"] == ["late_ext"]
+    request["builds_expected_cached"] = False  # a member that ran its own build stage: the judgement stands
+    (tmp_path / "request.json").write_text(json.dumps(request))
+    monkeypatch.setattr(worker, "run_judge_stage", lambda *a, **k: {"status": "correct", "reasons": [], "flags": []})
+    assert worker.main([str(tmp_path / "request.json")]) == 0
+    assert json.loads((tmp_path / "result.json").read_text())["status"] == "correct"
