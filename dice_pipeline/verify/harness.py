@@ -913,24 +913,42 @@ class CandidateJudge:
         """Interleaved reference/candidate pairs (order alternating, L2 flushed before each call) on fresh inputs,
         each pair timed in both conventions; a speedup is the median of its convention's per-pair ratios, so slow
         drifts (clocks, temperature) cancel. Samples come in rounds with freshly allocated input buffers until the
-        configured convention's median is known to cfg.timing_target_precision (or the budget is spent)."""
-        cfg, j = self.config, self.judgement
+        configured convention's median is known to cfg.timing_target_precision (or the budget is spent).
+
+        The set-up (the flush buffer, the input buffers' host draw, the device RNG's first draw) is untimed work, so
+        it runs beside other lanes' untimed work (phase timing_setup); the rest has the GPU alone (phase timing)."""
+        with self.phase("timing_setup"):
+            setup = self._timing_setup()
+        with self.alone("timing"):
+            self._run_timed_pairs(*setup)
+
+    def _timing_setup(self) -> tuple[torch.Tensor, list[Any], bool]:
+        """(L2 flush buffer, input buffers, whether get_inputs() can draw on the device): the first device draw
+        also warms up the device RNG."""
+        cfg = self.config
         flush = torch.empty(cfg.l2_flush_mb * 2**20 // 4, dtype=torch.int32, device=self.device)
-        start, end = self._event(enable_timing=True), self._event(enable_timing=True)
         buffers = self._inputs(cfg.seed + 1000)
+        drawable = fresh_inputs_on_device(self.reference.get_inputs, buffers, self.device, cfg.seed + 2000 - 2) \
+            is not None
+        self._synchronize()
+        return flush, buffers, drawable
+
+    def _run_timed_pairs(self, flush: torch.Tensor, buffers: list[Any], drawable: bool) -> None:
+        cfg, j = self.config, self.judgement
+        start, end = self._event(enable_timing=True), self._event(enable_timing=True)
         generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
 
         def draw(sample: int) -> list[Any] | None:
             return fresh_inputs_on_device(self.reference.get_inputs, buffers, self.device, cfg.seed + 2000 + sample)
 
         # Per-call draws only where they are cheap (a get_inputs() doing real work on the host would slow every
-        # sample down); the first draw also warms up the device RNG.
-        draw(-2)
-        self._synchronize()
-        draw_started = self._perf_counter()
-        draws_on_device = draw(-1) is not None
-        self._synchronize()
-        draws_on_device &= self._perf_counter() - draw_started < FRESH_DRAW_MAX_SECONDS
+        # sample down), measured with the GPU alone.
+        draws_on_device = False
+        if drawable:
+            draw_started = self._perf_counter()
+            draws_on_device = draw(-1) is not None
+            self._synchronize()
+            draws_on_device &= self._perf_counter() - draw_started < FRESH_DRAW_MAX_SECONDS
         input_sets = [] if draws_on_device else [
             self._inputs(cfg.seed + 1000 + k) for k in range(1 if cfg.low_memory else cfg.timing_input_sets)]
 
@@ -1178,8 +1196,7 @@ class CandidateJudge:
                         self.run_profiler_check()
                 if with_timing:
                     stage = "timing"
-                    with self.alone("timing"):
-                        self.run_timing()
+                    self.run_timing()  # its set-up beside other lanes, then the timed pairs with the GPU alone
                     if self.config.extra_baselines:
                         self.run_extra_baselines()
             except Rejection:

@@ -629,5 +629,34 @@ def test_the_timing_loop_runs_on_the_cpu_and_says_where_its_time_went(refuse_nes
     assert judgement.fields["speedup_gpu"] > 0 and judgement.fields["speedup_host"] > 0
     split = provenance["timing_split_s"]
     assert set(split) == {"launch_floors", "warmup", "pairs"} and all(s >= 0 for s in split.values())
-    # the split is part of the timing phase's wall time, which also holds the set-up before the floors
+    # the split is part of the timing phase's wall time; the set-up before it is a phase of its own
     assert sum(split.values()) <= provenance["phase_seconds"]["timing"] + 1e-3
+    assert provenance["phase_seconds"]["timing_setup"] >= 0
+
+
+def test_the_timing_set_up_runs_beside_other_lanes_and_only_the_timed_pairs_have_the_gpu_alone():
+    import contextlib
+
+    judge = _judge(HONEST, timing_samples=4, timing_max_samples=4, timing_round_samples=4, l2_flush_mb=1,
+                   warmup_seconds=0.0)
+    judge._event = _WallClockEvent
+    alone: list[bool] = [False]
+    seen: list[tuple[str, bool]] = []
+
+    class RecordingShare:
+        @contextlib.contextmanager
+        def exclusive(self):
+            alone[0] = True
+            try:
+                yield
+            finally:
+                alone[0] = False
+
+    judge.gpu_share = RecordingShare()
+    setup, timed = judge._timing_setup, judge._run_timed_pairs
+    judge._timing_setup = lambda: (seen.append(("setup", alone[0])), setup())[1]
+    judge._run_timed_pairs = lambda *a: (seen.append(("pairs", alone[0])), timed(*a))[1]
+    assert judge.run().status == Status.CORRECT
+    assert seen == [("setup", False), ("pairs", True)]
+    phases = judge.judgement.fields["provenance"]["phase_seconds"]
+    assert {"timing_setup", "gpu_wait_for_timing", "timing"} <= set(phases)
