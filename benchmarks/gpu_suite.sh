@@ -42,7 +42,8 @@ for part in $PARTS; do
         verify)  # the verifier on the seed corpus and the serial KernelBench-like baseline (fills the store)
             step verify_throughput 900 python3 benchmarks/verify_throughput.py --out "$OUT/verify" \
                 --baseline-subset 2 --verdict-store "$STORE" ;;
-        throughput)  # 67 candidates: ours (8 lanes on 8 cores, build groups; 29.2 a minute on an H200) against a
+        throughput)  # 67 candidates: ours (8 lanes, on 16 cores sharing them with the builds: split_cpus keeps
+                     # cores apart only with 4x as many; build groups; 29.2 a minute on an H200) against a
                      # parallel-build, judge-one-at-a-time KernelBench-style pipeline, side by side (the verifier
                      # issue's deliverable 6), and the timed calls' output check both ways
             step compare_check 120 python3 benchmarks/compare_check.py --out "$OUT/compare_check.json"

@@ -140,6 +140,8 @@ class KernelVerifier(dg.ConfigurableResource):
     # Older verifier versions whose stored verdicts may fill in (e.g. ["0.2.0"]), flagged `older_verifier_version`.
     accept_verdicts_from: list[str] = []
     # Candidates judged on a GPU at once: untimed work overlaps, every timed section still has the GPU to itself.
+    # Each lane gets a core of its own for its worker (at least VerifyConfig.gpu_worker_cpus a GPU), kept free of
+    # builds where the host has 4x as many cores (api.split_cpus; else workers and builds share every core).
     gpu_lanes: int = 1
     # Up to this many candidates' extensions built as one library (torch headers compiled once a group); 1 = alone.
     build_batch_size: int = 8
@@ -172,20 +174,27 @@ class KernelVerifier(dg.ConfigurableResource):
             baseline_kernel_policy=self.baseline_kernel_policy,
             accept_verdicts_from=tuple(self.accept_verdicts_from),
             gpu_lanes=self.gpu_lanes,
+            gpu_worker_cpus=self._gpu_worker_cpus(),
             build_batch_size=self.build_batch_size,
             **optional,
         )
+
+    def _gpu_worker_cpus(self) -> int:
+        """Cores a GPU's run-stage workers keep to themselves: one a lane, no fewer than the verifier's default."""
+        from dice_pipeline.verify import VerifyConfig
+
+        return max(VerifyConfig.gpu_worker_cpus, self.gpu_lanes)
 
     def _compile_pool_size(self) -> int:
         """Builds side by side: one per core the builds get (verify_batch keeps cores for the GPU workers where the
         host has enough of them), no more than the available memory holds (dice_pipeline/gpu_pool.py)."""
         from dice_pipeline.gpu_pool import compile_workers
-        from dice_pipeline.verify import VerifyConfig, gpu_inventory
+        from dice_pipeline.verify import gpu_inventory
         from dice_pipeline.verify.api import split_cpus
 
         gpus = [] if self.execute == "never" else [g for g in gpu_inventory()
                                                    if not self.devices or g.index in self.devices]
-        _, build_cpus = split_cpus(VerifyConfig.gpu_worker_cpus * len(gpus))
+        _, build_cpus = split_cpus(self._gpu_worker_cpus() * len(gpus))
         return compile_workers(cpu_cores=len(build_cpus) if build_cpus else None)
 
     def describe(self) -> str:

@@ -149,3 +149,9 @@ def test_verifier_resource_sizes_builds_to_the_cores_left_by_gpu_workers_and_the
     assert KernelVerifier().verify_config().max_parallel_builds == 3  # 3 GiB a build
     assert KernelVerifier(max_parallel_builds=5).verify_config().max_parallel_builds == 5
     assert KernelVerifier(device_lock_dir="off").verify_config().device_lock_dir is None
+    monkeypatch.setattr(gpu_pool, "available_memory_mb", lambda: 256_000)
+    lanes = KernelVerifier(gpu_lanes=4).verify_config()  # a core a lane for the GPU workers, the rest builds
+    assert (lanes.gpu_lanes, lanes.gpu_worker_cpus, lanes.max_parallel_builds) == (4, 4, 12)
+    # 6 cores kept would leave builds fewer than 4x as many (api.split_cpus): nothing is kept, all 16 build
+    assert KernelVerifier(gpu_lanes=6).verify_config().max_parallel_builds == 16
+    assert KernelVerifier(gpu_lanes=1).verify_config().gpu_worker_cpus == 2
