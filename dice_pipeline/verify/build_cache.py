@@ -535,7 +535,7 @@ class BuildInterceptor:
 
         build_dir = self.cache_dir / key
         marker = build_dir / "BUILD_OK.json"
-        if self.cached_only and not marker.exists():
+        if not marker.exists():
             self._not_cached(sources.name)  # before the lock: nothing is created in the cache
         with file_lock(build_dir / ".dice_lock"):
             if marker.exists():

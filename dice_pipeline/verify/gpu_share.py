@@ -141,15 +141,18 @@ class GpuShareClient:
         if self.mode is not None:
             with contextlib.suppress(Exception):  # a poisoned CUDA context: the error that poisoned it is reported
                 self._before_release()
-        if self._fds is None:
-            self.mode = mode
-            return
+        if self._fds is not None:
+            self.waits.append(self._request(_BYTES[mode]))
+        self.mode = mode
+
+    def _request(self, byte: bytes) -> float:
+        """Ask the parent (a parent there is) for what `byte` names and wait for the grant; the seconds waited."""
+        assert self._fds is not None
         request_w, grant_r = self._fds
         started = time.monotonic()
-        os.write(request_w, _BYTES[mode])
+        os.write(request_w, byte)
         os.read(grant_r, 1)  # b"G"; EOF if the parent is gone, and then nobody else is on the GPU either
-        self.waits.append(time.monotonic() - started)
-        self.mode = mode
+        return time.monotonic() - started
 
     @contextlib.contextmanager
     def starting_cuda(self) -> Iterator[None]:
@@ -158,17 +161,14 @@ class GpuShareClient:
         if self._fds is None:
             yield
             return
-        request_w, grant_r = self._fds
-        started = time.monotonic()
-        os.write(request_w, _STARTING_CUDA)
-        os.read(grant_r, 1)
-        self.wait_before_go_s = round(time.monotonic() - started, 4)  # not the judgement's: kept apart from waits
+        # not the judgement's wait: kept apart from `waits`
+        self.wait_before_go_s = round(self._request(_STARTING_CUDA), 4)
         try:
             yield
         finally:
             with contextlib.suppress(Exception):
                 self._before_release()
-            os.write(request_w, b"R")
+            os.write(self._fds[0], b"R")
             self.mode = None
 
     def start(self, mode: str = SharedGpu.SHARED) -> None:

@@ -928,10 +928,13 @@ class CandidateJudge:
         cfg = self.config
         flush = torch.empty(cfg.l2_flush_mb * 2**20 // 4, dtype=torch.int32, device=self.device)
         buffers = self._inputs(cfg.seed + 1000)
-        drawable = fresh_inputs_on_device(self.reference.get_inputs, buffers, self.device, cfg.seed + 2000 - 2) \
-            is not None
+        drawable = self._device_draw(buffers, -2) is not None
         self._synchronize()
         return flush, buffers, drawable
+
+    def _device_draw(self, like: list[Any], sample: int) -> list[Any] | None:
+        """The timing's fresh get_inputs() draw for `sample`, made on the device (fresh_inputs_on_device)."""
+        return fresh_inputs_on_device(self.reference.get_inputs, like, self.device, self.config.seed + 2000 + sample)
 
     def _run_timed_pairs(self, flush: torch.Tensor, buffers: list[Any], drawable: bool) -> None:
         cfg, j = self.config, self.judgement
@@ -939,7 +942,7 @@ class CandidateJudge:
         generator = torch.Generator(device=self.device).manual_seed(cfg.seed)
 
         def draw(sample: int) -> list[Any] | None:
-            return fresh_inputs_on_device(self.reference.get_inputs, buffers, self.device, cfg.seed + 2000 + sample)
+            return self._device_draw(buffers, sample)
 
         # Per-call draws only where they are cheap (a get_inputs() doing real work on the host would slow every
         # sample down), measured with the GPU alone.

@@ -194,11 +194,15 @@ def _share_client() -> GpuShareClient:
     return GpuShareClient.from_env(before_release=torch.cuda.synchronize)
 
 
-def _start_cuda(request: dict[str, Any]) -> None:
+def _memory_fraction(request: dict[str, Any]) -> float | None:
+    """The share of the GPU's memory this worker may use: its lane's (api._BatchRun), else the config's."""
+    return request.get("memory_fraction", request["config"].get("gpu_memory_fraction"))
+
+
+def _start_cuda(fraction: float | None) -> None:
     """CUDA context, this lane's memory share, and the profiler's lazy state: trusted start-up, no task code."""
     import torch
 
-    fraction = request.get("memory_fraction")
     if fraction:
         torch.cuda.set_per_process_memory_fraction(fraction)
     torch.cuda.init()
@@ -221,7 +225,7 @@ def start_cuda_before_go(request: dict[str, Any], share: GpuShareClient) -> dict
     started = time.perf_counter()
     with share.starting_cuda():
         granted = time.perf_counter()
-        _start_cuda(request)
+        _start_cuda(_memory_fraction(request))
     return {"seconds": round(time.perf_counter() - granted, 4), "gpu_wait_s": round(granted - started, 4)}
 
 
@@ -249,10 +253,10 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
     if not torch.cuda.is_available():
         return {"status": "runtime_error", "reason": {"code": "no_gpu_in_worker", "stage": "correctness",
                                                       "message": "the run stage found no CUDA device"}}
-    fraction = request.get("memory_fraction", config.gpu_memory_fraction)
+    fraction = _memory_fraction(request)
     started = time.perf_counter()
     if cuda_started_before_go is None:
-        _start_cuda({**request, "memory_fraction": fraction})
+        _start_cuda(fraction)
     phases["cuda_start"] = round(time.perf_counter() - started, 4)
     guard = RuntimeGuard()  # before any task code is imported
     try:
