@@ -7,6 +7,7 @@ cold builds, 5 allclose trials at 1e-2, 100 timed trials with CUDA events). Run 
                                            [--baseline-first] [--gpu-worker-cpus N] [--warmup-seconds S]
                                            [--warmup-min-seconds S] [--parallel-group-builds N] [--no-light-headers]
                                            [--no-cuda-before-go] [--member-build-stages]
+                                           [--slow-draw-seconds S] [--gpu-draw-mb M]
 
 Baselines: "parallel" (the strongest plain one) builds every candidate at once on every core, each in a fresh
 process and extension folder, then judges them one at a time in fresh processes that load the built extensions;
@@ -266,6 +267,7 @@ def build_summary(args: argparse.Namespace, config: VerifyConfig, pairs: list[di
                  "warmup_steady": sum(bool(v.provenance.get("warmup_steady")) for v in verdicts),
                  "parallel_group_builds": config.parallel_group_builds,
                  "light_cuda_headers": config.light_cuda_headers,
+                 "slow_draw_seconds": config.slow_draw_seconds, "gpu_draw_bytes": config.gpu_draw_bytes,
                  "start_cuda_before_go": config.start_cuda_before_go,
                  "skip_grouped_member_builds": config.skip_grouped_member_builds,
                  "cold_build_seconds_median": statistics.median(cold) if cold else None,
@@ -357,6 +359,11 @@ def main() -> int:
     parser.add_argument("--no-light-headers", action="store_true",
                         help="our builds without the light CUDA and binding-file headers "
                              "(VerifyConfig.light_cuda_headers=False)")
+    parser.add_argument("--slow-draw-seconds", type=float, default=None,
+                        help="our inputs are drawn on the GPU when one host draw takes longer "
+                             "(VerifyConfig.slow_draw_seconds; default the config's)")
+    parser.add_argument("--gpu-draw-mb", type=int, default=None,
+                        help="our inputs larger than this are drawn on the GPU (VerifyConfig.gpu_draw_bytes, in MiB)")
     parser.add_argument("--timing-max-samples", type=int, default=None,
                         help="our timed reference/candidate pairs at most (VerifyConfig.timing_max_samples; default "
                              "the config's). 100 = the baseline's 100 timed candidate calls")
@@ -405,6 +412,10 @@ def main() -> int:
         timing["start_cuda_before_go"] = False
     if args.member_build_stages:
         timing["skip_grouped_member_builds"] = False
+    if args.slow_draw_seconds is not None:
+        timing["slow_draw_seconds"] = args.slow_draw_seconds
+    if args.gpu_draw_mb is not None:
+        timing["gpu_draw_bytes"] = args.gpu_draw_mb * 2**20
     config = VerifyConfig(verdict_store_dir=str(store_dir), gpu_lanes=args.lanes,
                           build_batch_size=args.batch_size, **timing)
     if args.from_log:

@@ -105,9 +105,12 @@ class VerifyConfig:
     speedup_convention: str = "gpu"
     # Inputs are drawn with the task's get_inputs() under a CUDA device context (a seeded generator on the GPU) when
     # one CPU draw takes longer than this, or when the inputs are larger than gpu_draw_bytes (seen through a
-    # meta-device dry run): KernelBench's 4 GiB inputs take tens of seconds to draw on the host.
-    slow_draw_seconds: float = 0.5
-    gpu_draw_bytes: int = 256 * 2**20
+    # meta-device dry run): KernelBench's 4 GiB inputs take tens of seconds to draw on the host, and a judgement
+    # draws about ten times (set-up, probe, correctness trials, profiler pass, timing set-up), each on the host a
+    # CPU-bound wait while its lane holds the GPU (shared) and keeps the other lanes' timed sections waiting: a
+    # 128 MB host draw took 0.3-0.5 s on a loaded 16-core host, the same draw on the GPU about a millisecond.
+    slow_draw_seconds: float = 0.05
+    gpu_draw_bytes: int = 32 * 2**20
     # Set by the verifier on its one retry after an out-of-memory error: one resident input set, a shorter
     # history for the stale-output check, and one poison block per output.
     low_memory: bool = False
