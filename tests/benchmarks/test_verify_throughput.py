@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dice_pipeline.verify import VerifyConfig
 from dice_pipeline.verify.batched_build import read_inline_extensions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -119,13 +120,18 @@ def test_ours_alone_reports_its_settings_and_where_its_time_went(tmp_path, monke
     monkeypatch.setattr(verify_throughput, "compile_only", lambda *a, **k: Verdict(status=Status.CORRECT))
     monkeypatch.setattr(sys, "argv", ["verify_throughput.py", "--out", str(tmp_path), "--baseline", "none",
                                       "--lanes", "4", "--gpu-worker-cpus", "4", "--warmup-seconds", "0.1",
-                                      "--no-cuda-before-go", "--member-build-stages"])
+                                      "--no-cuda-before-go", "--member-build-stages",
+                                      "--slow-draw-seconds", "0.5", "--gpu-draw-mb", "256"])
     assert verify_throughput.main() == 0
     summary = json.loads((tmp_path / "verify_throughput.json").read_text())
     assert configs[0].start_cuda_before_go is False and configs[0].skip_grouped_member_builds is False
     assert summary["ours"]["start_cuda_before_go"] is False and summary["ours"]["skip_grouped_member_builds"] is False
     assert configs[0].gpu_lanes == 4 and configs[0].gpu_worker_cpus == 4 and summary["ours"]["gpu_worker_cpus"] == 4
     assert configs[0].warmup_seconds == 0.1 == summary["ours"]["warmup_seconds"]
+    # the input-draw settings before 2026-12-06's change, for an A/B against today's defaults
+    assert configs[0].slow_draw_seconds == 0.5 == summary["ours"]["slow_draw_seconds"]
+    assert configs[0].gpu_draw_bytes == 256 * 2**20 == summary["ours"]["gpu_draw_bytes"]
+    assert VerifyConfig().gpu_draw_bytes < configs[0].gpu_draw_bytes
     assert summary["baseline"]["candidates"] == 0 and summary["throughput_ratio"] is None
     assert summary["side_by_side"] == []
     phases = summary["ours"]["phase_seconds"]
