@@ -30,9 +30,7 @@ held-out file's true continuation.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
-import random
 import sys
 import time
 from datetime import datetime, timezone
@@ -40,17 +38,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the GPU image runs the checkout, not an install
 
-import torch   # noqa: E402
+import torch  # noqa: E402
 
-from training.configuration_sdar import preset_config   # noqa: E402
-from training.convert import load_pretrained_as_block_diffusion   # noqa: E402
-from training.diffusion import (   # noqa: E402
+from training.configuration_sdar import preset_config  # noqa: E402
+from training.convert import load_pretrained_as_block_diffusion  # noqa: E402
+from training.corpus import read_code_corpus  # noqa: E402
+from training.diffusion import (  # noqa: E402
     TokenizedSample,
     block_diffusion_loss,
     build_attention_mask,
     pack_block_diffusion,
 )
-from training.generate import autoregressive_generate, block_diffusion_generate   # noqa: E402
+from training.generate import autoregressive_generate, block_diffusion_generate  # noqa: E402
 from training.modeling_sdar import SDARForCausalLM  # noqa: E402
 from training.sft import SFTConfig, text_windows, train_block_diffusion  # noqa: E402
 from training.tokenizer import train_bpe_tokenizer  # noqa: E402
@@ -60,25 +59,6 @@ def default_corpus() -> Path:
     import transformers
 
     return Path(transformers.__file__).parent
-
-
-def read_code_corpus(roots: list[Path], max_bytes: int, seed: int = 0, min_chars: int = 2000) -> list[str]:
-    """Up to `max_bytes` of .py files under `roots`, in a seeded random order; files under `min_chars` and files
-    identical to one already read are skipped (so no held-out file is a copy of a trained one)."""
-    files = sorted(path for root in roots for path in root.rglob("*.py"))
-    random.Random(seed).shuffle(files)
-    texts, seen, total = [], set(), 0
-    for path in files:
-        text = path.read_text(encoding="utf-8", errors="replace")
-        digest = hashlib.sha1(text.encode()).hexdigest()
-        if len(text) < min_chars or digest in seen:  # tiny files (__init__ stubs) carry little code
-            continue
-        seen.add(digest)
-        texts.append(text)
-        total += len(text)
-        if total >= max_bytes:
-            break
-    return texts
 
 
 def synchronize(device: torch.device) -> None:

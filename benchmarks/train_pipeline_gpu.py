@@ -18,6 +18,14 @@ leaves what was done), generations.jsonl, log.txt, and decode_throughput.json wi
         --budget-s 540 --work-dir /tmp/dice_train_work                # H200: ~9.5 min (the budget + start-up)
     python3 benchmarks/train_pipeline_gpu.py OUT --data DIR --tiny --budget-s 60  # CPU dry run, tiny random model
 
+`--convert-seconds S` first trains the converted base for S seconds on local CUDA/C++ source (SDAR's conversion
+step, block-diffusion loss on every token; by default the CUDA toolkit's headers and PyTorch's kernel headers,
+training/corpus.py, about 24 MB, none of them a CuKe answer or a decode prompt), so that SFT starts from a model
+that knows the language of kernel files, not from the autoregressive one:
+
+    python3 benchmarks/train_pipeline_gpu.py OUT --data training_data --gguf ... --stages sft --convert-seconds 600 \
+        --sft-seconds 240 --decode-benchmark --budget-s 1080       # decoding speed on a trained checkpoint
+
 The GGUF needs the `gguf` package (and `accelerate`), as for `benchmarks/gpu_suite.sh OUT decode-smollm2`. The SFT
 checkpoint stays in --work-dir for a second call: `python3 benchmarks/decode_throughput.py --init-from
 /tmp/dice_train_work/sft/$(cat /tmp/dice_train_work/sft/latest) --train-seconds 0 --json OUT/decode_sft.json`, or
@@ -302,6 +310,42 @@ class Evaluations:
 
 
 # ------------------------------------------------------------------------------------------------------- stages
+def train_on_code_corpus(model, tokenizer, args, on_gpu: bool) -> dict:
+    """SDAR's conversion step on `model` in place: block-diffusion training on every token of local source files
+    (args.convert_corpus, else the CUDA/C++ headers of training.corpus.kernel_code_roots()) for
+    args.convert_seconds. None of those files is a CuKe answer or a decode prompt (kernel files written for tasks).
+    Returns what it read and how training went."""
+    from training.corpus import KERNEL_CODE_SUFFIXES, kernel_code_roots, read_code_corpus
+    from training.sft import SFTConfig, text_windows, train_block_diffusion
+
+    started = time.monotonic()
+    roots = args.convert_corpus or kernel_code_roots()
+    texts = read_code_corpus(roots, int(args.convert_corpus_mb * 2**20), min_chars=1000,
+                             suffixes=KERNEL_CODE_SUFFIXES)
+    windows = text_windows(tokenizer, texts, args.convert_window)
+    if not windows:
+        raise ValueError(f"no {args.convert_window}-token window in the conversion corpus under "
+                         f"{', '.join(map(str, roots))}")
+    read_s = time.monotonic() - started
+    device = torch.device("cuda" if on_gpu else "cpu")
+    model.to(device).train()
+    history = train_block_diffusion(model, windows, SFTConfig(
+        learning_rate=args.convert_lr, warmup_steps=50, final_lr_ratio=0.1, epochs=1000,
+        max_seconds=args.convert_seconds, rows_per_step=8, row_length=8 * args.convert_window,
+        attention_backend="dense"))  # dense SDPA: no compile time out of a time-boxed run
+    model.to("cpu").eval()
+    tokens = sum(r["clean_tokens"] for r in history)
+    last = history[-20:]
+    return {"roots": [str(r) for r in roots], "files": len(texts),
+            "mib": round(sum(map(len, texts)) / 2**20, 2), "windows": len(windows), "window": args.convert_window,
+            "steps": len(history), "tokens": tokens,
+            "epochs": round(tokens / (len(windows) * args.convert_window), 3),
+            "loss_first": round(history[0]["loss"], 4),
+            "loss_last20": round(sum(r["loss"] for r in last) / len(last), 4),
+            "loss_curve": [(r["step"], round(r["loss"], 4)) for r in history[:: max(1, len(history) // 50)]],
+            "read_seconds": round(read_s, 1), "train_seconds": round(history[-1]["seconds"], 1)}
+
+
 def stage_seconds(run: Run, share: float, reserve: float) -> float:
     """This stage's time box: its share of what is left after the reserve (evaluations and judging to come)."""
     return max(5.0, (run.left() - reserve) * share)
@@ -334,6 +378,16 @@ def main() -> int:
                         help="sft: convert, SFT and its evaluation only (e.g. a longer SFT for --decode-benchmark)")
     parser.add_argument("--sft-seconds", type=float, default=None,
                         help="SFT's time box (default: its share of --budget-s)")
+    parser.add_argument("--convert-seconds", type=float, default=0.0,
+                        help="continued block-diffusion training of the converted base on local CUDA/C++ source "
+                             "before anything else (SDAR's conversion step; counts against --budget-s)")
+    parser.add_argument("--convert-corpus", type=Path, nargs="+", default=None,
+                        help="folders of the conversion corpus (default: training.corpus.kernel_code_roots(), the "
+                             "CUDA toolkit's headers and PyTorch's kernel headers)")
+    parser.add_argument("--convert-corpus-mb", type=float, default=32.0)
+    parser.add_argument("--convert-lr", type=float, default=1e-4,
+                        help="peak; cosine decay to a tenth (the 2026-12-04 SmolLM2 conversion's)")
+    parser.add_argument("--convert-window", type=int, default=512, help="tokens a training window")
     parser.add_argument("--decode-prompts", choices=("kernels", "python"), default="kernels",
                         help="kernels: kernel files the SFT never saw (decode_prompt_files); python: the "
                              "installed transformers package's files, as decode_throughput.py does alone")
@@ -368,6 +422,9 @@ def main() -> int:
     def convert() -> str:
         texts = stages.training_texts(stages.read_rows(split["paths"]["sft"]))
         model, tokenizer = stages.load_base(base, texts=texts, vocab_size=2048)
+        if args.convert_seconds > 0:
+            run.results["convert"] = train_on_code_corpus(model, tokenizer, args, on_gpu)
+            run.log(f"convert: {run.results['convert']}")
         model.save_pretrained(base_dir)
         tokenizer.save_pretrained(base_dir)
         return str(base_dir)

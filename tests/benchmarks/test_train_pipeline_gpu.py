@@ -61,13 +61,25 @@ def test_sft_only_run_decodes_its_checkpoint_on_kernel_files_it_never_trained_on
 
     data = _data_dir(tmp_path / "data", pair_factory)
     out = tmp_path / "out"
+    # The conversion step first: continued training on CUDA source files (here a few written for the test).
+    corpus = tmp_path / "cuda_corpus"
+    corpus.mkdir()
+    for i in range(6):
+        (corpus / f"k{i}.cuh").write_text("".join(
+            f"__global__ void scale{i}_{j}(const float* x, float* y, int n) {{\n"
+            f"  int i = blockIdx.x * blockDim.x + threadIdx.x;\n  if (i < n) y[i] = x[i] * {j}.0f;\n}}\n"
+            for j in range(30)))
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "train_pipeline_gpu.py"), str(out),
                            "--data", str(data), "--tiny", "--budget-s", "120", "--stages", "sft", "--sft-seconds",
-                           "4", "--decode-benchmark", "--work-dir", str(tmp_path / "work")],
+                           "4", "--decode-benchmark", "--work-dir", str(tmp_path / "work"),
+                           "--convert-seconds", "3", "--convert-corpus", str(corpus), "--convert-window", "64"],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert results["errors"] == [] and set(results["evaluations"]) == {"base", "sft"}
+    convert = results["convert"]
+    assert convert["files"] == 6 and convert["roots"] == [str(corpus.resolve())] and convert["windows"] > 0
+    assert convert["steps"] > 0 and convert["tokens"] > 0 and convert["loss_last20"] < convert["loss_first"]
     assert results["phases"]["rl_infilling"]["skipped"] and results["phases"]["rl_end_to_end"]["skipped"]
     assert results["phases"]["sft"]["ok"] and results["phases"]["decode_benchmark"]["ok"]
     # The SFT's answers are the factory's candidate files; the 2 held-out samples' files differ from the 8 trained
