@@ -315,13 +315,13 @@ def train_on_code_corpus(model, tokenizer, args, on_gpu: bool) -> dict:
     (args.convert_corpus, else the CUDA/C++ headers of training.corpus.kernel_code_roots()) for
     args.convert_seconds. None of those files is a CuKe answer or a decode prompt (kernel files written for tasks).
     Returns what it read and how training went."""
-    from training.corpus import KERNEL_CODE_SUFFIXES, kernel_code_roots, read_code_corpus
+    from training.corpus import KERNEL_CODE_SUFFIXES, PYTHON_SUFFIXES, kernel_code_roots, read_code_corpus
     from training.sft import SFTConfig, text_windows, train_block_diffusion
 
     started = time.monotonic()
     roots = args.convert_corpus or kernel_code_roots()
     texts = read_code_corpus(roots, int(args.convert_corpus_mb * 2**20), min_chars=1000,
-                             suffixes=KERNEL_CODE_SUFFIXES)
+                             suffixes=KERNEL_CODE_SUFFIXES + PYTHON_SUFFIXES)
     windows = text_windows(tokenizer, texts, args.convert_window)
     if not windows:
         raise ValueError(f"no {args.convert_window}-token window in the conversion corpus under "
@@ -382,8 +382,9 @@ def main() -> int:
                         help="continued block-diffusion training of the converted base on local CUDA/C++ source "
                              "before anything else (SDAR's conversion step; counts against --budget-s)")
     parser.add_argument("--convert-corpus", type=Path, nargs="+", default=None,
-                        help="folders of the conversion corpus (default: training.corpus.kernel_code_roots(), the "
-                             "CUDA toolkit's headers and PyTorch's kernel headers)")
+                        help="folders of the conversion corpus, their CUDA/C++ and Python files (default: "
+                             "training.corpus.kernel_code_roots(), the CUDA toolkit's headers and PyTorch's kernel "
+                             "headers; add e.g. the transformers package's folder for Python)")
     parser.add_argument("--convert-corpus-mb", type=float, default=32.0)
     parser.add_argument("--convert-lr", type=float, default=1e-4,
                         help="peak; cosine decay to a tenth (the 2026-12-04 SmolLM2 conversion's)")
