@@ -143,7 +143,9 @@ def test_verifier_resource_sizes_builds_to_the_cores_left_by_gpu_workers_and_the
     monkeypatch.setattr("dice_pipeline.verify.gpu_inventory", api.gpu_inventory)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     monkeypatch.setattr(gpu_pool, "available_memory_mb", lambda: 256_000)
-    assert KernelVerifier().verify_config().max_parallel_builds == 14  # 2 cores kept for the GPU worker
+    assert KernelVerifier(gpu_lanes=1).verify_config().max_parallel_builds == 14  # 2 cores kept for the GPU worker
+    default = KernelVerifier().verify_config()  # 4 lanes: a core each for their workers
+    assert (default.gpu_lanes, default.gpu_worker_cpus, default.max_parallel_builds) == (4, 4, 12)
     assert KernelVerifier(execute="never").verify_config().max_parallel_builds == 16
     monkeypatch.setattr(gpu_pool, "available_memory_mb", lambda: 9_216)
     assert KernelVerifier().verify_config().max_parallel_builds == 3  # 3 GiB a build
