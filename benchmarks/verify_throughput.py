@@ -7,7 +7,7 @@ cold builds, 5 allclose trials at 1e-2, 100 timed trials with CUDA events). Run 
                                            [--baseline-first] [--gpu-worker-cpus N] [--warmup-seconds S]
                                            [--warmup-min-seconds S] [--parallel-group-builds N] [--no-light-headers]
                                            [--no-cuda-before-go] [--member-build-stages]
-                                           [--slow-draw-seconds S] [--gpu-draw-mb M]
+                                           [--slow-draw-seconds S] [--gpu-draw-mb M] [--hold-gpu-after-timing]
 
 Baselines: "parallel" (the strongest plain one) builds every candidate at once on every core, each in a fresh
 process and extension folder, then judges them one at a time in fresh processes that load the built extensions;
@@ -268,6 +268,7 @@ def build_summary(args: argparse.Namespace, config: VerifyConfig, pairs: list[di
                  "parallel_group_builds": config.parallel_group_builds,
                  "light_cuda_headers": config.light_cuda_headers,
                  "slow_draw_seconds": config.slow_draw_seconds, "gpu_draw_bytes": config.gpu_draw_bytes,
+                 "release_gpu_after_timing": config.release_gpu_after_timing,
                  "start_cuda_before_go": config.start_cuda_before_go,
                  "skip_grouped_member_builds": config.skip_grouped_member_builds,
                  "cold_build_seconds_median": statistics.median(cold) if cold else None,
@@ -359,6 +360,9 @@ def main() -> int:
     parser.add_argument("--no-light-headers", action="store_true",
                         help="our builds without the light CUDA and binding-file headers "
                              "(VerifyConfig.light_cuda_headers=False)")
+    parser.add_argument("--hold-gpu-after-timing", action="store_true",
+                        help="a worker asks for shared use again after its last timed section instead of giving the "
+                             "GPU up (VerifyConfig.release_gpu_after_timing=False)")
     parser.add_argument("--slow-draw-seconds", type=float, default=None,
                         help="our inputs are drawn on the GPU when one host draw takes longer "
                              "(VerifyConfig.slow_draw_seconds; default the config's)")
@@ -412,6 +416,8 @@ def main() -> int:
         timing["start_cuda_before_go"] = False
     if args.member_build_stages:
         timing["skip_grouped_member_builds"] = False
+    if args.hold_gpu_after_timing:
+        timing["release_gpu_after_timing"] = False
     if args.slow_draw_seconds is not None:
         timing["slow_draw_seconds"] = args.slow_draw_seconds
     if args.gpu_draw_mb is not None:

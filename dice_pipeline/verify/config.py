@@ -147,6 +147,10 @@ class VerifyConfig:
     prestart_gpu_workers: bool = True
     # Beside other lanes, a prestarted worker starts CUDA before its go (above); False = at its go, as with one lane.
     start_cuda_before_go: bool = True
+    # Beside other lanes, a worker whose timed section is its last use of the GPU gives the GPU up after it (after
+    # a device sync) instead of asking for shared use again: shared use waits behind every queued timed section,
+    # so each lane of a wave used to wait for all of them before it could report and exit. False = ask again.
+    release_gpu_after_timing: bool = True
     # CPU cores kept free of builds for the GPU workers: eager references are launch-bound, and CUDA events count
     # the gaps between launches, which widen when builds load every core (measured: up to ~25% on a speedup).
     # Applied on hosts with at least 4x as many cores; 0 = off.

@@ -3,7 +3,8 @@
 The parent holds the GPU on the worker's behalf (`dice_pipeline.gpu_pool.SharedGpu`): the worker asks over a pipe
 and waits for the grant. Shared mode covers every untimed use of the GPU (CUDA start-up, input draws, correctness
 trials, the profiler pass, torch.compile's warm-up); exclusive mode covers the timed sections, so a timing never
-overlaps another lane's GPU work; whole mode gives a judgement too big for its lane's memory share the GPU and
+overlaps another lane's GPU work (a worker whose last GPU use is its timed section gives the GPU up after it rather
+than queue for shared use behind the other lanes' timed sections); whole mode gives a judgement too big for its lane's memory share the GPU and
 its memory (SharedGpu's docstring). Keeping the lock in the parent, not in a file the worker could open, means a
 candidate cannot take the GPU from the other lanes for longer than its own time limit (the parent releases what a
 dead worker held), and the time a worker spends waiting for the GPU is added to its limit, so no candidate is
@@ -177,9 +178,10 @@ class GpuShareClient:
         self._ask(mode)
 
     @contextlib.contextmanager
-    def exclusive(self) -> Iterator[None]:
-        """The GPU to this worker alone for the body (a timed section), shared again after. A no-op when the worker
-        holds it exclusively (or whole) already."""
+    def exclusive(self, *, then_release: bool = False) -> Iterator[None]:
+        """The GPU to this worker alone for the body (a timed section), shared again after; with `then_release`
+        (the worker's last use of the GPU) nothing after it: shared use would wait behind every timed section
+        queued meanwhile. A no-op when the worker holds it exclusively (or whole) already."""
         if self.mode in (SharedGpu.EXCLUSIVE, SharedGpu.WHOLE):
             yield
             return
@@ -188,7 +190,21 @@ class GpuShareClient:
         try:
             yield
         finally:
-            self._ask(previous or SharedGpu.SHARED)
+            if then_release:
+                self.release()
+            else:
+                self._ask(previous or SharedGpu.SHARED)
+
+    def release(self) -> None:
+        """Give up what the worker holds (after `before_release`: its queued kernels finish inside the hold), asking
+        for nothing: the worker will not touch the GPU again. A no-op without a parent or a hold."""
+        if self.mode is None:
+            return
+        with contextlib.suppress(Exception):  # a poisoned CUDA context: the error that poisoned it is reported
+            self._before_release()
+        if self._fds is not None:
+            os.write(self._fds[0], b"R")
+        self.mode = None
 
     def summary(self) -> dict[str, float | int | bool]:
         summary: dict[str, float | int | bool] = {"lanes_shared": self.active, "gate_requests": len(self.waits),

@@ -532,13 +532,14 @@ class CandidateJudge:
             self.phase_seconds[name] = round(self.phase_seconds.get(name, 0.0) + self._perf_counter() - started, 4)
 
     @contextlib.contextmanager
-    def alone(self, name: str) -> Iterator[None]:
+    def alone(self, name: str, *, last_gpu_use: bool = False) -> Iterator[None]:
         """The body with the GPU to this worker alone (a timed section): its wall seconds are phase `name`, the wait
         for the GPU before it is phase `gpu_wait_for_<name>` (kept apart: with several lanes that wait is the other
-        lanes' timed work, not this judgement's)."""
+        lanes' timed work, not this judgement's). `last_gpu_use`: the judgement's GPU work ends with the body, so
+        the GPU is given up after it (GpuShareClient.exclusive)."""
         with contextlib.ExitStack() as stack:
             with self.phase(f"gpu_wait_for_{name}"):
-                stack.enter_context(self.gpu_share.exclusive())
+                stack.enter_context(self.gpu_share.exclusive(then_release=last_gpu_use))
             with self.phase(name):
                 yield
 
@@ -909,7 +910,7 @@ class CandidateJudge:
         host = [self._timed_host(lambda: scalar.add_(1), flush, start, end)[1] for _ in range(30)]
         return {"gpu": statistics.median(gpu), "host": statistics.median(host)}
 
-    def run_timing(self) -> None:
+    def run_timing(self, *, last_gpu_use: bool = False) -> None:
         """Interleaved reference/candidate pairs (order alternating, L2 flushed before each call) on fresh inputs,
         each pair timed in both conventions; a speedup is the median of its convention's per-pair ratios, so slow
         drifts (clocks, temperature) cancel. Samples come in rounds with freshly allocated input buffers until the
@@ -919,7 +920,7 @@ class CandidateJudge:
         it runs beside other lanes' untimed work (phase timing_setup); the rest has the GPU alone (phase timing)."""
         with self.phase("timing_setup"):
             setup = self._timing_setup()
-        with self.alone("timing"):
+        with self.alone("timing", last_gpu_use=last_gpu_use):
             self._run_timed_pairs(*setup)
 
     def _timing_setup(self) -> tuple[torch.Tensor, list[Any], bool]:
@@ -1199,7 +1200,10 @@ class CandidateJudge:
                         self.run_profiler_check()
                 if with_timing:
                     stage = "timing"
-                    self.run_timing()  # its set-up beside other lanes, then the timed pairs with the GPU alone
+                    # its set-up beside other lanes, then the timed pairs with the GPU alone: the judgement's last
+                    # GPU work unless baselines follow (nothing after it but host-side bookkeeping)
+                    self.run_timing(last_gpu_use=self.config.release_gpu_after_timing
+                                    and not self.config.extra_baselines)
                     if self.config.extra_baselines:
                         self.run_extra_baselines()
             except Rejection:

@@ -29,7 +29,7 @@ _NOT_IN_KEY = frozenset({
     "compile_timeout_s",
     "run_timeout_s", "verdict_store_dir", "prestart_gpu_workers", "gpu_worker_cpus",
     "device_lock_dir", "gpu_lanes", "build_batch_size", "parallel_group_builds", "skip_grouped_member_builds",
-    "start_cuda_before_go",
+    "start_cuda_before_go", "release_gpu_after_timing",
     # how long the device warms before timing: the warm-up ends at steady clocks either way (harness.warm_up)
     "warmup_min_seconds",
     # set per attempt, bounding time, or choosing which stored verdicts to read: never what a verdict says

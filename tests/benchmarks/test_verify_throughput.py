@@ -121,7 +121,8 @@ def test_ours_alone_reports_its_settings_and_where_its_time_went(tmp_path, monke
     monkeypatch.setattr(sys, "argv", ["verify_throughput.py", "--out", str(tmp_path), "--baseline", "none",
                                       "--lanes", "4", "--gpu-worker-cpus", "4", "--warmup-seconds", "0.1",
                                       "--no-cuda-before-go", "--member-build-stages",
-                                      "--slow-draw-seconds", "0.5", "--gpu-draw-mb", "256"])
+                                      "--slow-draw-seconds", "0.5", "--gpu-draw-mb", "256",
+                                      "--hold-gpu-after-timing"])
     assert verify_throughput.main() == 0
     summary = json.loads((tmp_path / "verify_throughput.json").read_text())
     assert configs[0].start_cuda_before_go is False and configs[0].skip_grouped_member_builds is False
@@ -132,6 +133,7 @@ def test_ours_alone_reports_its_settings_and_where_its_time_went(tmp_path, monke
     assert configs[0].slow_draw_seconds == 0.5 == summary["ours"]["slow_draw_seconds"]
     assert configs[0].gpu_draw_bytes == 256 * 2**20 == summary["ours"]["gpu_draw_bytes"]
     assert VerifyConfig().gpu_draw_bytes < configs[0].gpu_draw_bytes
+    assert configs[0].release_gpu_after_timing is False is summary["ours"]["release_gpu_after_timing"]
     assert summary["baseline"]["candidates"] == 0 and summary["throughput_ratio"] is None
     assert summary["side_by_side"] == []
     phases = summary["ours"]["phase_seconds"]

@@ -144,6 +144,56 @@ def test_worker_processes_time_alone_and_share_the_rest(tmp_path):
     assert _try_lock(tmp_path / "locks", 0) is not None
 
 
+# A worker whose timed section is its last GPU use: it gives the GPU up after it and records when it got there.
+LAST_USE_WORKER = """
+import json, sys, time
+from dice_pipeline.verify.gpu_share import GpuShareClient
+client = GpuShareClient.from_env()
+client.start()
+with client.exclusive(then_release={then_release}):
+    started = time.monotonic(); time.sleep(1.0); timed_end = time.monotonic()
+after = time.monotonic()
+open(sys.argv[1], "w").write(json.dumps({{"timed": [started, timed_end], "after": after, "mode": client.mode,
+                                          "summary": client.summary()}}))
+"""
+
+
+@pytest.mark.parametrize("then_release", [True, False])
+def test_a_lane_whose_timing_is_its_last_gpu_use_does_not_wait_for_the_queued_timed_sections(tmp_path, then_release):
+    """Shared use gives way to queued timed sections (writers first): a lane asking for it again after its own
+    timed section waits for all of them; one that gives the GPU up goes on at once, and the queued section starts
+    right after its own."""
+    gpu = SharedGpu(0, lock_dir=None)
+    lane = threading.Thread(target=lambda: result.append(_run_lane(
+        tmp_path, "lane", gpu, LAST_USE_WORKER.format(then_release=then_release))))
+    result: list = []
+    lane.start()
+    deadline = time.monotonic() + 20
+    while not gpu.state()["exclusive"] and time.monotonic() < deadline:  # the lane's timed section began
+        time.sleep(0.01)
+    queued: dict[str, float] = {}
+
+    def other_lane() -> None:  # another lane's timed section, queued behind the first, 1.5 s long
+        gpu.acquire(SharedGpu.EXCLUSIVE)
+        queued["start"] = time.monotonic()
+        time.sleep(1.5)
+        queued["end"] = time.monotonic()
+        gpu.release(SharedGpu.EXCLUSIVE)
+
+    other = threading.Thread(target=other_lane)
+    other.start()
+    lane.join(timeout=30)
+    other.join(timeout=30)
+    outcome, payload = result[0]
+    assert outcome.returncode == 0 and payload is not None
+    assert queued["start"] >= payload["timed"][1]  # timed sections never overlap either way
+    if then_release:
+        assert payload["mode"] is None and payload["after"] < queued["end"] - 1.0
+    else:
+        assert payload["mode"] == SharedGpu.SHARED and payload["after"] >= queued["end"]
+    assert gpu.state()["shared"] == 0 and not gpu.state()["exclusive"]
+
+
 def test_time_waiting_for_the_gpu_does_not_count_against_a_worker(tmp_path):
     """A worker whose own work fits its limit is not timed out because another lane had the GPU."""
     gpu = SharedGpu(0, lock_dir=None)

@@ -648,29 +648,53 @@ def test_the_timing_loop_runs_on_the_cpu_and_says_where_its_time_went(refuse_nes
     assert provenance["phase_seconds"]["timing_setup"] >= 0
 
 
-def test_the_timing_set_up_runs_beside_other_lanes_and_only_the_timed_pairs_have_the_gpu_alone():
-    import contextlib
+class _RecordingShare:
+    """A stand-in for the worker's GpuShareClient: whether the GPU is held alone now, and how each hold ended."""
 
-    judge = _judge(HONEST, timing_samples=4, timing_max_samples=4, timing_round_samples=4, l2_flush_mb=1,
-                   warmup_seconds=0.0)
-    judge._event = _WallClockEvent
-    alone: list[bool] = [False]
-    seen: list[tuple[str, bool]] = []
+    def __init__(self):
+        self.alone = False
+        self.released_after: list[bool] = []
 
-    class RecordingShare:
+    def exclusive(self, *, then_release: bool = False):
+        import contextlib
+
         @contextlib.contextmanager
-        def exclusive(self):
-            alone[0] = True
+        def hold():
+            self.alone = True
             try:
                 yield
             finally:
-                alone[0] = False
+                self.alone = False
+                self.released_after.append(then_release)
+        return hold()
 
-    judge.gpu_share = RecordingShare()
+
+def _timing_judge(**config) -> CandidateJudge:
+    judge = _judge(HONEST, timing_samples=4, timing_max_samples=4, timing_round_samples=4, l2_flush_mb=1,
+                   warmup_seconds=0.0, **config)
+    judge._event = _WallClockEvent
+    judge.gpu_share = _RecordingShare()
+    return judge
+
+
+def test_the_timing_set_up_runs_beside_other_lanes_and_only_the_timed_pairs_have_the_gpu_alone():
+    judge = _timing_judge()
+    share = judge.gpu_share
+    seen: list[tuple[str, bool]] = []
     setup, timed = judge._timing_setup, judge._run_timed_pairs
-    judge._timing_setup = lambda: (seen.append(("setup", alone[0])), setup())[1]
-    judge._run_timed_pairs = lambda *a: (seen.append(("pairs", alone[0])), timed(*a))[1]
+    judge._timing_setup = lambda: (seen.append(("setup", share.alone)), setup())[1]
+    judge._run_timed_pairs = lambda *a: (seen.append(("pairs", share.alone)), timed(*a))[1]
     assert judge.run().status == Status.CORRECT
     assert seen == [("setup", False), ("pairs", True)]
     phases = judge.judgement.fields["provenance"]["phase_seconds"]
     assert {"timing_setup", "gpu_wait_for_timing", "timing"} <= set(phases)
+
+
+def test_the_timed_section_gives_the_gpu_up_when_it_is_the_judgements_last_gpu_work():
+    judge = _timing_judge()  # release_gpu_after_timing on by default, no extra baselines after the timing
+    assert judge.run().status == Status.CORRECT and judge.gpu_share.released_after == [True]
+    held = _timing_judge(release_gpu_after_timing=False)
+    assert held.run().status == Status.CORRECT and held.gpu_share.released_after == [False]
+    followed = _timing_judge(extra_baselines=["cuda_graph"])  # baselines timed after it: the hold goes on
+    followed.run_extra_baselines = lambda: None  # (they need CUDA graphs: GPU tests cover them)
+    assert followed.run().status == Status.CORRECT and followed.gpu_share.released_after == [False]
