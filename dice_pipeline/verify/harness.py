@@ -180,9 +180,10 @@ def compare_outputs(reference: Any, candidate: Any, tolerances: tuple[float, ...
     """Compare every output leaf; any structural problem (count, type, shape, dtype) fails every tolerance.
     `stats=False` decides `passes` alone, exactly as with stats (the same float64 allclose per chunk) but with
     one device sync per leaf and none of the statistics (max/mean difference, unwritten elements stay 0): the
-    check made on every timed call, where a full-size output is compared dozens of times. There a quick test in
-    the outputs' own precision vouches for leaves that pass by a margin (`_surely_close`); `quick=False` leaves
-    every decision to the float64 comparison (the same answers, slower: benchmarks/compare_check.py)."""
+    check made on every timed call, where a full-size output is compared dozens of times. There quick tests in
+    the outputs' own precision vouch for leaves that pass by a margin (`_within_absolute`, then `_surely_close`);
+    `quick=False` leaves every decision to the float64 comparison (the same answers, slower:
+    benchmarks/compare_check.py)."""
     result = _compare_leaves(reference, candidate, tolerances, chunk, stats=stats, quick=quick)
     if result.problem is not None:
         result.passes = {tol: False for tol in tolerances}
@@ -233,11 +234,27 @@ def _surely_close(ref: torch.Tensor, cand: torch.Tensor, tol: float) -> torch.Te
     return torch.le(error, allowed).all()
 
 
+def _within_absolute(ref: torch.Tensor, cand: torch.Tensor, tol: float) -> torch.Tensor:
+    """A 0-dim bool on the device: True only if every element of a float32/float64 pair differs by at most
+    tol (less the margin), which passes torch.isclose(atol=rtol=tol) in float64 whatever |ref| is (the allowed error
+    is tol * (1 + |ref|) >= tol). Two passes (the difference, its largest magnitude), a quarter of `_surely_close`'s
+    memory traffic: the first test on every timed call. The difference in the outputs' own precision is off by at
+    most 2**-24 of itself for float32, far inside the margin. NaN or an infinity anywhere gives False."""
+    if ref.numel() == 0:
+        return torch.ones((), dtype=torch.bool, device=ref.device)
+    largest = torch.linalg.vector_norm(torch.sub(cand, ref), float("inf"))
+    return torch.le(largest, tol * (1 - SURELY_CLOSE_MARGIN))
+
+
+_ABSOLUTE_DTYPES = (torch.float32, torch.float64)
+
+
 def _tensor_passes(ref: torch.Tensor, cand: torch.Tensor, tolerances: tuple[float, ...], result: Comparison,
                    chunk: int, quick: bool = True) -> None:
-    """`result.passes` for one output leaf: torch.allclose in float64 chunk by chunk, folded on the device. A
-    quick test in the outputs' own precision comes first (one sync); only where it cannot vouch for every element
-    does the float64 comparison decide (so the answer is always the float64 one)."""
+    """`result.passes` for one output leaf: torch.allclose in float64 chunk by chunk, folded on the device. Quick
+    tests in the outputs' own precision come first (one sync each): every difference within tol (float32/64), else
+    every element within tol of its own reference value; only where neither can vouch for every element does the
+    float64 comparison decide (so the answer is always the float64 one)."""
     def every_chunk(test: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> bool:
         folded: torch.Tensor | None = None
         for ref_chunk, cand_chunk in _paired_chunks(ref, cand, chunk):
@@ -248,8 +265,11 @@ def _tensor_passes(ref: torch.Tensor, cand: torch.Tensor, tolerances: tuple[floa
     for tol in tolerances:
         if not result.passes[tol]:
             continue
+        if quick and ref.dtype in _ABSOLUTE_DTYPES and 0 < tol < 1 and every_chunk(
+                lambda r, c: _within_absolute(r, c, tol)):  # noqa: B023 - called at once, inside this iteration
+            continue
         if quick and ref.dtype in _QUICK_DTYPES and 0 < tol < 1 and every_chunk(
-                lambda r, c: _surely_close(r, c, tol)):  # noqa: B023 - called at once, inside this iteration
+                lambda r, c: _surely_close(r, c, tol)):  # noqa: B023
             continue
         result.passes[tol] = every_chunk(
             lambda r, c: torch.isclose(c.double(), r.double(), atol=tol, rtol=tol, equal_nan=True).all())  # noqa: B023

@@ -126,6 +126,45 @@ def test_the_quick_pass_test_never_passes_what_the_float64_comparison_fails(dtyp
     assert decided[True] and decided[False]  # both outcomes occur: the quick test is not vacuous
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("tol", [1e-2, 1e-4])
+def test_the_absolute_bound_never_passes_what_the_float64_comparison_fails(dtype, tol):
+    from dice_pipeline.verify.harness import _within_absolute
+
+    decided = {True: 0, False: 0}
+    cases = _boundary_cases(dtype, tol)
+    # differences right at tol itself, on references of every magnitude (the bound's own edge)
+    ref = torch.randn(4096, dtype=torch.float64) * torch.logspace(-6, 6, 4096, dtype=torch.float64)
+    for rel in (-1e-3, -2.0**-18, 0.0, 2.0**-18, 1e-3):
+        cases.append((ref.to(dtype), (ref + tol * (1 + rel)).to(dtype)))
+    for ref, cand in cases:
+        exact = torch.isclose(cand.double(), ref.double(), atol=tol, rtol=tol, equal_nan=True)
+        for i in range(0, ref.numel(), 64):
+            quick = bool(_within_absolute(ref[i:i + 64], cand[i:i + 64], tol))
+            assert not quick or bool(exact[i:i + 64].all()), (dtype, tol, i)
+            decided[quick] += 1
+    assert decided[True] and decided[False]
+    assert bool(_within_absolute(torch.empty(0, dtype=dtype), torch.empty(0, dtype=dtype), tol))
+
+
+def test_small_differences_are_vouched_for_in_two_passes_and_large_values_fall_through(monkeypatch):
+    from dice_pipeline.verify import harness
+
+    relative_calls = []
+    real = harness._surely_close
+    monkeypatch.setattr(harness, "_surely_close", lambda r, c, tol: (relative_calls.append(1), real(r, c, tol))[1])
+    torch.manual_seed(5)
+    ref = torch.randn(256, 256)
+    assert compare_outputs(ref, ref + 1e-5, (1e-2,), chunk=10_000, stats=False).passes[1e-2]
+    assert not relative_calls  # the absolute bound vouched for every chunk
+    large = 1e4 + ref  # values about 1e4: errors of 1 pass relatively (1e-2 * 1e4) but not absolutely
+    assert compare_outputs(large, large + 1.0, (1e-2,), chunk=10_000, stats=False).passes[1e-2]
+    assert relative_calls
+    half = ref.half()  # half types skip the absolute bound (their own difference rounds too coarsely)
+    relative_calls.clear()
+    assert compare_outputs(half, half, (1e-2,), stats=False).passes[1e-2] and relative_calls
+
+
 def test_the_float64_comparison_runs_only_where_the_quick_test_cannot_vouch(monkeypatch):
     calls = []
     real_isclose = torch.isclose
