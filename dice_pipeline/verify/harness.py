@@ -126,6 +126,12 @@ def _clone(values: list[Any]) -> list[Any]:
     return [v.clone() if isinstance(v, torch.Tensor) else v for v in values]
 
 
+def _shares_memory(values: list[Any], others: list[Any]) -> bool:
+    """Whether any tensor of `values` lives in the storage of any tensor of `others`."""
+    storages = {o.untyped_storage().data_ptr() for o in others if isinstance(o, torch.Tensor)}
+    return any(isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() in storages for v in values)
+
+
 def _flatten_outputs(output: Any) -> list[Any]:
     if isinstance(output, (tuple, list)):
         return [leaf for item in output for leaf in _flatten_outputs(item)]
@@ -976,16 +982,17 @@ class CandidateJudge:
         input_sets = [] if draws_on_device else [
             self._inputs(cfg.seed + 1000 + k) for k in range(1 if cfg.low_memory else cfg.timing_input_sets)]
 
-        def load_fresh_inputs(sample: int) -> None:
+        def load_fresh_inputs(sample: int) -> list[Any] | None:
             # New values every call (addresses change only between rounds): defeats caches keyed by pointer, call
-            # count or input checksum. Preferably a fresh get_inputs() draw made on the GPU; else one of the
-            # stored input sets with its rows re-permuted.
+            # count or input checksum. Preferably a fresh get_inputs() draw made on the GPU (returned: a copy of
+            # the values now in the buffers, never handed to a model); else one of the stored input sets with its
+            # rows re-permuted (None).
             fresh = draw(sample) if draws_on_device else None
             if fresh is not None:
                 for buf, src in zip(buffers, fresh):
                     if isinstance(buf, torch.Tensor):
                         buf.copy_(src)
-                return
+                return fresh
             source = input_sets[sample % len(input_sets)]
             perms: dict[int, torch.Tensor] = {}
             for buf, src in zip(buffers, source):
@@ -996,6 +1003,7 @@ class CandidateJudge:
                     buf.copy_(src.index_select(0, perm))
                 else:
                     buf.copy_(src)
+            return None
 
         def restore(pristine: list[Any]) -> None:
             for buf, orig in zip(buffers, pristine):
@@ -1047,8 +1055,10 @@ class CandidateJudge:
                     buffers[:] = fresh
                     del fresh
                     rounds += 1
-                load_fresh_inputs(sample + warm_calls)
-                pristine = _clone(buffers)
+                drawn = load_fresh_inputs(sample + warm_calls)
+                # The draw is a pristine copy already, unless get_inputs() handed back the buffers themselves (a
+                # task that caches its inputs): then only a clone is one.
+                pristine = drawn if drawn is not None and not _shares_memory(drawn, buffers) else _clone(buffers)
                 conventions = ("gpu", "host") if sample % 2 == 0 else ("host", "gpu")
                 order = ("ref", "cand") if (sample // 2) % 2 == 0 else ("cand", "ref")
                 for convention in conventions:

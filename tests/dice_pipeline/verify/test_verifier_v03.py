@@ -729,6 +729,40 @@ def test_the_timing_set_up_runs_beside_other_lanes_and_only_the_timed_pairs_have
     assert {"timing_setup", "gpu_wait_for_timing", "timing"} <= set(phases)
 
 
+# Correct on every call the correctness trials make, then it starts writing into its input: only timed calls see it.
+MUTATES_WHEN_TIMED = """
+import torch
+class ModelNew(torch.nn.Module):
+    calls = 0
+    def forward(self, x):
+        ModelNew.calls += 1
+        out = x + x
+        if ModelNew.calls > 15:  # 10 correctness calls and 3 warm-up pairs come first (4 timed pairs here)
+            x.zero_()
+        return out
+"""
+
+
+def test_a_candidate_that_writes_into_its_inputs_only_when_timed_is_caught_with_fresh_draws():
+    judge = _timing_judge()
+    judge.candidate = _module("candidate_module", MUTATES_WHEN_TIMED)
+    judgement = judge.run()
+    assert judgement.status == Status.DECEPTIVE and judgement.reasons[0].code == "mutated_inputs", judgement.reasons
+    assert "during timed call" in judgement.reasons[0].message
+
+
+def test_a_task_that_hands_back_the_same_input_tensor_still_gets_a_pristine_copy():
+    # get_inputs() caching its tensor: the fresh draw is the timing buffer itself, so the draw cannot be the
+    # pristine copy; a clone is, and a candidate writing into its input is still caught.
+    judge = _timing_judge()
+    cached = torch.rand(64, 32)
+    judge.reference.get_inputs = lambda: [cached]
+    judge.candidate = _module("candidate_module", MUTATES_WHEN_TIMED)
+    judgement = judge.run()
+    assert judgement.status == Status.DECEPTIVE and judgement.reasons[0].code == "mutated_inputs", judgement.reasons
+    assert "during timed call" in judgement.reasons[0].message
+
+
 def test_the_timed_section_gives_the_gpu_up_when_it_is_the_judgements_last_gpu_work():
     judge = _timing_judge()  # release_gpu_after_timing on by default, no extra baselines after the timing
     assert judge.run().status == Status.CORRECT and judge.gpu_share.released_after == [True]
