@@ -91,7 +91,8 @@ class RuntimeGuard:
         self.namespaces = {
             "torch": torch, "torch.Tensor": torch.Tensor, "torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event,
             "torch.nn.functional": torch.nn.functional, "torch.nn.Module": torch.nn.Module, "time": time,
-            "torch.testing": torch.testing, "builtins": builtins, "statistics": statistics, "math": math,
+            "torch.testing": torch.testing, "torch.linalg": torch.linalg, "builtins": builtins,
+            "statistics": statistics, "math": math,
             # The harness itself: its functions and the methods of its classes, however a candidate reached them.
             "harness": sys.modules[__name__],
             **{f"harness.{cls.__name__}": cls for cls in (CandidateJudge, RuntimeGuard, Comparison, Judgement)},
@@ -240,6 +241,10 @@ def _surely_close(ref: torch.Tensor, cand: torch.Tensor, tol: float) -> torch.Te
     return torch.le(error, allowed).all()
 
 
+_ABSOLUTE_DTYPES = (torch.float32, torch.float64)
+_VECTOR_NORM = torch.linalg.vector_norm  # taken at import, before any candidate code (RuntimeGuard guards it too)
+
+
 def _within_absolute(ref: torch.Tensor, cand: torch.Tensor, tol: float) -> torch.Tensor:
     """A 0-dim bool on the device: True only if every element of a float32/float64 pair differs by at most
     tol (less the margin), which passes torch.isclose(atol=rtol=tol) in float64 whatever |ref| is (the allowed error
@@ -248,11 +253,8 @@ def _within_absolute(ref: torch.Tensor, cand: torch.Tensor, tol: float) -> torch
     most 2**-24 of itself for float32, far inside the margin. NaN or an infinity anywhere gives False."""
     if ref.numel() == 0:
         return torch.ones((), dtype=torch.bool, device=ref.device)
-    largest = torch.linalg.vector_norm(torch.sub(cand, ref), float("inf"))
+    largest = _VECTOR_NORM(torch.sub(cand, ref), float("inf"))
     return torch.le(largest, tol * (1 - SURELY_CLOSE_MARGIN))
-
-
-_ABSOLUTE_DTYPES = (torch.float32, torch.float64)
 
 
 def _tensor_passes(ref: torch.Tensor, cand: torch.Tensor, tolerances: tuple[float, ...], result: Comparison,

@@ -105,6 +105,23 @@ def test_runtime_guard_catches_a_patched_harness_function():
     guard.check("after restoring")  # and an untouched state passes
 
 
+def test_the_output_checks_linear_algebra_is_guarded_and_taken_before_any_candidate():
+    from dice_pipeline.verify import harness
+
+    guard = harness.RuntimeGuard()
+    original = torch.linalg.vector_norm
+    torch.linalg.vector_norm = lambda *a, **k: torch.zeros(())  # would make every timed output "close"
+    try:
+        ref = torch.zeros(8)
+        assert not compare_outputs(ref, ref + 1.0, (1e-2,), stats=False).passes[1e-2]  # the harness's own copy
+        with pytest.raises(Rejection) as caught:
+            guard.check("in the test")
+        assert caught.value.reason.code == "runtime_monkeypatch" and "vector_norm" in str(caught.value)
+    finally:
+        torch.linalg.vector_norm = original
+    guard.check("after restoring")
+
+
 def test_runtime_guard_catches_a_patched_harness_method_and_builtin():
     import builtins
 
