@@ -167,10 +167,7 @@ class GpuShareClient:
         try:
             yield
         finally:
-            with contextlib.suppress(Exception):
-                self._before_release()
-            os.write(self._fds[0], b"R")
-            self.mode = None
+            self._give_up()
 
     def start(self, mode: str = SharedGpu.SHARED) -> None:
         """Hold `mode` for the worker's GPU work from now on (SHARED or EXCLUSIVE before CUDA is initialised; WHOLE
@@ -197,9 +194,11 @@ class GpuShareClient:
 
     def release(self) -> None:
         """Give up what the worker holds (after `before_release`: its queued kernels finish inside the hold), asking
-        for nothing: the worker will not touch the GPU again. A no-op without a parent or a hold."""
-        if self.mode is None:
-            return
+        for nothing: the worker will not touch the GPU again. A no-op without a hold."""
+        if self.mode is not None:
+            self._give_up()
+
+    def _give_up(self) -> None:
         with contextlib.suppress(Exception):  # a poisoned CUDA context: the error that poisoned it is reported
             self._before_release()
         if self._fds is not None:
