@@ -4,7 +4,8 @@
 # what you keep into benchmarks/results/ and benchmarks/RESULTS.md.
 #
 #   benchmarks/gpu_suite.sh OUT_DIR [PART ...]      PART: tests verify synthesis train decode (default: all)
-#                                                    or throughput, decode-smollm2, scaling (not in the default set)
+#                                                    or throughput, throughput-ab, decode-smollm2, train-decode,
+#                                                    scaling (not in the default set)
 #
 # Rough H200 timings: tests 5 min, verify 10 min, synthesis 5 min, train 3 min, decode 3.5 min, decode-smollm2 6 min.
 # decode-smollm2 converts SmolLM2-135M-Instruct (4 minutes of block-diffusion training) and benchmarks its decoding;
@@ -57,6 +58,28 @@ for part in $PARTS; do
             step train_throughput 400 python3 benchmarks/train_throughput.py --json "$OUT/train_throughput.json" ;;
         decode)
             step decode_throughput 400 python3 benchmarks/decode_throughput.py --json "$OUT/decode_throughput.json" ;;
+        throughput-ab)  # ours alone, 67 candidates, against the `throughput` part's 8-lane run on the same machine
+                        # (~2.5 min each): the input draws before 2026-12-06 late (host draws up to 256 MB / 0.5 s), a
+                        # worker queueing for shared use after its last timed section, and 12 lanes
+            common=(--candidates seed+structures --batch-size 8 --timing-max-samples 100 --baseline none)
+            step throughput_host_draws 600 python3 benchmarks/verify_throughput.py --out "$OUT/throughput_host_draws" \
+                "${common[@]}" --lanes 8 --gpu-worker-cpus 8 --slow-draw-seconds 0.5 --gpu-draw-mb 256
+            step throughput_hold_after_timing 600 python3 benchmarks/verify_throughput.py \
+                --out "$OUT/throughput_hold_after_timing" "${common[@]}" --lanes 8 --gpu-worker-cpus 8 \
+                --hold-gpu-after-timing
+            step throughput_12_lanes 600 python3 benchmarks/verify_throughput.py --out "$OUT/throughput_12_lanes" \
+                "${common[@]}" --lanes 12 --gpu-worker-cpus 12 ;;
+        train-decode)  # SmolLM2 converted, 10 min of conversion training on CUDA/C++ source, 4 min of SFT on CuKe,
+                       # evaluations, then decoding speed on the SFT checkpoint (~20 min; needs SMOLLM2_GGUF, the
+                       # gguf package and TRAINING_DATA, a `dice export-training-data` folder)
+            if [ ! -f "${SMOLLM2_GGUF:-}" ] || [ ! -d "${TRAINING_DATA:-}" ] || ! python3 -c "import gguf" 2>/dev/null
+            then
+                echo "train-decode needs SMOLLM2_GGUF, TRAINING_DATA and the gguf package" >&2; exit 2
+            fi
+            step train_decode 1500 python3 benchmarks/train_pipeline_gpu.py "$OUT/train_decode" --data "$TRAINING_DATA" \
+                --gguf "$SMOLLM2_GGUF" --stages sft --convert-seconds 600 --sft-seconds 240 --sft-samples-per-step 2 \
+                --max-new-tokens 512 --kernelbench-sample 8 --heldout 6 --decode-benchmark --decode-budget-s 140 \
+                --budget-s 1000 ;;
         scaling)  # compile throughput per core, verify throughput per GPU (docs/scaling.md); ~3 min
             step scaling_capacity 300 python3 benchmarks/scaling_capacity.py --out "$OUT/scaling" --budget-s 170 ;;
         decode-smollm2)

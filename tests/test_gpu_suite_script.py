@@ -2,6 +2,7 @@
 part runs and every GPU test skips, which checks the script's plumbing; the GPU results are in RESULTS.md."""
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -34,3 +35,22 @@ def test_smollm2_decode_part_names_what_it_needs(tmp_path):
     result = subprocess.run(["bash", str(SCRIPT), str(tmp_path), "decode-smollm2"], capture_output=True, text=True,
                             env=env)
     assert result.returncode == 2 and "SMOLLM2_GGUF" in result.stderr
+
+
+def test_train_decode_part_names_what_it_needs(tmp_path):
+    env = {**os.environ, "SMOLLM2_GGUF": str(tmp_path / "missing.gguf"), "TRAINING_DATA": str(tmp_path / "none")}
+    result = subprocess.run(["bash", str(SCRIPT), str(tmp_path), "train-decode"], capture_output=True, text=True,
+                            env=env)
+    assert result.returncode == 2 and "SMOLLM2_GGUF, TRAINING_DATA" in result.stderr
+
+
+@pytest.mark.parametrize("part, until, script", [("throughput-ab)", "train-decode)", "verify_throughput.py"),
+                                                  ("train-decode)", "scaling)", "train_pipeline_gpu.py")])
+def test_the_ab_and_train_decode_parts_pass_flags_their_scripts_know(part, until, script):
+    text = SCRIPT.read_text()
+    body = text[text.index(part):text.index(until)]
+    flags = {word for word in body.split() if re.fullmatch(r"--[a-z0-9][a-z0-9-]*", word)}
+    help_text = subprocess.run([sys.executable, str(SCRIPT.parent / script), "--help"],
+                               capture_output=True, text=True, check=True).stdout
+    known = set(re.findall(r"--[a-z0-9][a-z0-9-]*", help_text))
+    assert flags and flags - known == set()
