@@ -51,7 +51,7 @@ from training.diffusion import (  # noqa: E402
 )
 from training.generate import autoregressive_generate, block_diffusion_generate  # noqa: E402
 from training.modeling_sdar import SDARForCausalLM  # noqa: E402
-from training.sft import SFTConfig, text_windows, train_block_diffusion  # noqa: E402
+from training.sft import continued_training_config, text_windows, train_block_diffusion  # noqa: E402
 from training.tokenizer import train_bpe_tokenizer  # noqa: E402
 
 
@@ -185,10 +185,8 @@ def main() -> None:
     loss_before = heldout_loss(model, heldout_windows, device, args.block_size, mask_token_id)
     history = []
     if args.train_seconds > 0:
-        history = train_block_diffusion(model, windows, SFTConfig(
-            learning_rate=args.lr, warmup_steps=args.warmup_steps, final_lr_ratio=0.1, epochs=1000,
-            max_seconds=args.train_seconds, rows_per_step=args.rows_per_step, row_length=8 * args.window,
-            attention_backend="dense"))  # dense SDPA: no compile time eaten out of the short training budget
+        history = train_block_diffusion(model, windows, continued_training_config(
+            args.lr, args.train_seconds, args.window, args.rows_per_step, args.warmup_steps))
     trained_tokens = sum(r["clean_tokens"] for r in history)
     train_loss = sum(r["loss"] for r in history[-20:]) / len(history[-20:]) if history else None
     loss_after = heldout_loss(model, heldout_windows, device, args.block_size, mask_token_id)

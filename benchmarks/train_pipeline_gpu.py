@@ -316,7 +316,7 @@ def train_on_code_corpus(model, tokenizer, args, on_gpu: bool) -> dict:
     args.convert_seconds. None of those files is a CuKe answer or a decode prompt (kernel files written for tasks).
     Returns what it read and how training went."""
     from training.corpus import KERNEL_CODE_SUFFIXES, PYTHON_SUFFIXES, kernel_code_roots, read_code_corpus
-    from training.sft import SFTConfig, text_windows, train_block_diffusion
+    from training.sft import continued_training_config, text_windows, train_block_diffusion
 
     started = time.monotonic()
     roots = args.convert_corpus or kernel_code_roots()
@@ -329,10 +329,8 @@ def train_on_code_corpus(model, tokenizer, args, on_gpu: bool) -> dict:
     read_s = time.monotonic() - started
     device = torch.device("cuda" if on_gpu else "cpu")
     model.to(device).train()
-    history = train_block_diffusion(model, windows, SFTConfig(
-        learning_rate=args.convert_lr, warmup_steps=50, final_lr_ratio=0.1, epochs=1000,
-        max_seconds=args.convert_seconds, rows_per_step=8, row_length=8 * args.convert_window,
-        attention_backend="dense"))  # dense SDPA: no compile time out of a time-boxed run
+    history = train_block_diffusion(model, windows, continued_training_config(
+        args.convert_lr, args.convert_seconds, args.convert_window))
     model.to("cpu").eval()
     tokens = sum(r["clean_tokens"] for r in history)
     last = history[-20:]

@@ -101,6 +101,16 @@ class SFTConfig:
     final_lr_ratio: float = 1.0
 
 
+def continued_training_config(learning_rate: float, max_seconds: float, window: int, rows_per_step: int = 8,
+                              warmup_steps: int = 50) -> SFTConfig:
+    """SDAR's conversion step as a time-boxed run on `text_windows` of `window` tokens: fixed rows of 8 windows
+    (one attention shape), cosine decay to a tenth over `max_seconds`, dense SDPA (no compile time out of a short
+    budget). benchmarks/decode_throughput.py and train_pipeline_gpu.py --convert-seconds train this way."""
+    return SFTConfig(learning_rate=learning_rate, warmup_steps=warmup_steps, final_lr_ratio=0.1, epochs=1000,
+                     max_seconds=max_seconds, rows_per_step=rows_per_step, row_length=8 * window,
+                     attention_backend="dense")
+
+
 def block_diffusion_batches(samples: Sequence[TokenizedSample], config: SFTConfig, block_size: int,
                             mask_token_id: int) -> Iterator[tuple[int, BlockDiffusionBatch]]:
     """(epoch, batch) pairs over shuffled epochs. With `rows_per_step`, each batch is exactly that many rows, filled

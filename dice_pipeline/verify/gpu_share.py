@@ -4,8 +4,8 @@ The parent holds the GPU on the worker's behalf (`dice_pipeline.gpu_pool.SharedG
 and waits for the grant. Shared mode covers every untimed use of the GPU (CUDA start-up, input draws, correctness
 trials, the profiler pass, torch.compile's warm-up); exclusive mode covers the timed sections, so a timing never
 overlaps another lane's GPU work (a worker whose last GPU use is its timed section gives the GPU up after it rather
-than queue for shared use behind the other lanes' timed sections); whole mode gives a judgement too big for its lane's memory share the GPU and
-its memory (SharedGpu's docstring). Keeping the lock in the parent, not in a file the worker could open, means a
+than queue for shared use behind the other lanes' timed sections); whole mode gives a judgement too big for its
+lane's memory share the GPU and its memory (SharedGpu's docstring). Keeping the lock in the parent, not in a file the worker could open, means a
 candidate cannot take the GPU from the other lanes for longer than its own time limit (the parent releases what a
 dead worker held), and the time a worker spends waiting for the GPU is added to its limit, so no candidate is
 timed out for another's work.
@@ -140,8 +140,7 @@ class GpuShareClient:
 
     def _ask(self, mode: str) -> None:
         if self.mode is not None:
-            with contextlib.suppress(Exception):  # a poisoned CUDA context: the error that poisoned it is reported
-                self._before_release()
+            self._finish_held_work()
         if self._fds is not None:
             self.waits.append(self._request(_BYTES[mode]))
         self.mode = mode
@@ -198,9 +197,13 @@ class GpuShareClient:
         if self.mode is not None:
             self._give_up()
 
-    def _give_up(self) -> None:
+    def _finish_held_work(self) -> None:
+        """`before_release`, so the worker's queued kernels finish inside the hold they belong to."""
         with contextlib.suppress(Exception):  # a poisoned CUDA context: the error that poisoned it is reported
             self._before_release()
+
+    def _give_up(self) -> None:
+        self._finish_held_work()
         if self._fds is not None:
             os.write(self._fds[0], b"R")
         self.mode = None

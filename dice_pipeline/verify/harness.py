@@ -31,6 +31,7 @@ Runtime policy (reason codes; NOTES.md section 3):
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import math
 import re
@@ -270,14 +271,12 @@ def _tensor_passes(ref: torch.Tensor, cand: torch.Tensor, tolerances: tuple[floa
             folded = close if folded is None else folded & close
         return True if folded is None else bool(folded)
 
+    quick_tests = [test for dtypes, test in ((_ABSOLUTE_DTYPES, _within_absolute), (_QUICK_DTYPES, _surely_close))
+                   if quick and ref.dtype in dtypes]
     for tol in tolerances:
         if not result.passes[tol]:
             continue
-        if quick and ref.dtype in _ABSOLUTE_DTYPES and 0 < tol < 1 and every_chunk(
-                lambda r, c: _within_absolute(r, c, tol)):  # noqa: B023 - called at once, inside this iteration
-            continue
-        if quick and ref.dtype in _QUICK_DTYPES and 0 < tol < 1 and every_chunk(
-                lambda r, c: _surely_close(r, c, tol)):  # noqa: B023
+        if 0 < tol < 1 and any(every_chunk(functools.partial(test, tol=tol)) for test in quick_tests):
             continue
         result.passes[tol] = every_chunk(
             lambda r, c: torch.isclose(c.double(), r.double(), atol=tol, rtol=tol, equal_nan=True).all())  # noqa: B023
