@@ -10,6 +10,9 @@ Runtime policy (reason codes; NOTES.md section 3):
   (a memoising cache keyed by pointer, shape or call count).
 - `runtime_monkeypatch`, `global_flag_flip`, `spawned_thread` (deceptive): identities of torch/time callables,
   math flags and the thread count are compared with a snapshot taken before the candidate was imported.
+- `dispatcher_override` (deceptive): PyTorch's operators given the candidate's kernels (`torch.library` impls or
+  `TORCH_LIBRARY_IMPL(aten, ...)` on existing operators, backend fallbacks) or op calls re-routed (Python modes left
+  on the stacks, autocast, dispatch keys included/excluded): they change the reference and the output checks too.
 - `no_custom_kernel_ran` (deceptive): a profiler pass saw none of the candidate's own kernels; the custom share of
   GPU time is recorded (flag `minor_custom_kernel_share` under config.minor_custom_share).
 - `baseline_kernel` (deceptive under config.baseline_kernel_policy "reject", else a flag): the candidate's own
@@ -34,6 +37,7 @@ import contextlib
 import functools
 import gc
 import math
+import os
 import re
 import statistics
 import sys
@@ -82,11 +86,106 @@ def _flags_snapshot() -> dict[str, Any]:
     }
 
 
-class RuntimeGuard:
-    """Identities of the callables a cheat would patch and the global math flags, captured before the candidate
-    is imported; `check` rejects any change. The harness itself only uses references it took before that."""
+# --- PyTorch's dispatcher -----------------------------------------------------------------------------------------
+# Its entry points, taken at import (before any candidate code): a candidate that rebinds them hides nothing.
+_ALL_OP_NAMES = torch._C._dispatch_get_all_op_names
+_DISPATCH_DUMP = torch._C._dispatch_dump
+_HAS_BACKEND_FALLBACK = torch._C._dispatch_has_backend_fallback
+# One name per key (the enum has aliases: CPU, Dense and StartOfDenseBackends are one value).
+_DISPATCH_KEYS = tuple({int(key): key for key in reversed(torch._C.DispatchKey.__members__.values())}.values())
+_ROUTING_PROBES = {
+    "torch_function_modes": torch._C._len_torch_function_stack,
+    "torch_dispatch_modes": torch._C._len_torch_dispatch_stack,
+    "dispatch_keys_included": lambda _f=torch._C._dispatch_tls_local_include_set: str(_f()),
+    "dispatch_keys_excluded": lambda _f=torch._C._dispatch_tls_local_exclude_set: str(_f()),  # autocast shows here
+    "autograd_fallback_mode": torch._C._get_autograd_fallback_mode,
+}
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
+def _dispatch_routing() -> dict[str, Any]:
+    """What routes every op call, the reference's and the output checks' too, whatever the kernels: Python modes
+    left on the mode stacks (TorchFunctionMode/TorchDispatchMode), the thread's dispatch-key include and exclude
+    sets (autocast, inference mode), the autograd fallback. Cheap: read on every guard check."""
+    return {name: probe() for name, probe in _ROUTING_PROBES.items()}
+
+
+def _kernel_entries(dumps: dict[str, str]) -> dict[tuple[str, str], str]:
+    """(operator, dispatch key) -> where its kernel was registered ("file:line"), from the dispatcher's dumps;
+    a kernel an override shadowed stays listed under "<key> (inactive)"."""
+    entries: dict[tuple[str, str], str] = {}
+    for op, dump in dumps.items():
+        for line in dump.splitlines():
+            key, sep, rest = line.partition(": registered at ")
+            if sep and key != "debug":  # "debug": where the schema was defined, not a kernel
+                entries[(op, key)] = rest.split(" :: ", 1)[0]
+    return entries
+
+
+class DispatcherSnapshot:
+    """The kernels PyTorch's dispatcher routes each operator to (per dispatch key, with where each was registered)
+    and the keys with a backend fallback, captured before the candidate is imported. A candidate that registers
+    its own kernel for an operator that existed then (`torch.library.Library("aten", "IMPL").impl(...)`,
+    `torch.library.register_kernel`, `TORCH_LIBRARY_IMPL(aten, CUDA, m)` in its extension) changes what the
+    reference computes and what the output checks answer: `overrides` lists every such change. New operators of
+    the candidate's own (`TORCH_LIBRARY(myops, m)`, `torch.library.custom_op("myops::f")`) are not overrides, and
+    neither are kernels PyTorch registers for itself when one of its modules is first imported (new entries
+    registered from PyTorch's own files or files the snapshot already knew). Reading it costs about 0.06 s
+    (3,600 operators, on the 2-core CPU machine), so the guard reads it twice a judgement, not after every call:
+    after the correctness trials (before their verdict; the reference outputs they compare against were made
+    after the candidate's import) and after the timed pairs. Kernels registered at import or in `__init__` stay
+    registered until then; one registered and removed again within a stage would have to guess when the stage
+    ends to help its verdict."""
 
     def __init__(self) -> None:
+        self.dumps = self._dumps()
+        self.fallbacks = self._fallbacks()
+        self._entries: dict[tuple[str, str], str] | None = None  # parsed on first need
+
+    @staticmethod
+    def _dumps() -> dict[str, str]:
+        return {name: _DISPATCH_DUMP(name) for name in _ALL_OP_NAMES()}
+
+    @staticmethod
+    def _fallbacks() -> frozenset[str]:
+        return frozenset(str(key) for key in _DISPATCH_KEYS if _HAS_BACKEND_FALLBACK(key))
+
+    @property
+    def entries(self) -> dict[tuple[str, str], str]:
+        if self._entries is None:
+            self._entries = _kernel_entries(self.dumps)
+        return self._entries
+
+    def overrides(self) -> list[str]:
+        """What changed since the snapshot that re-routes an existing operator, one line each (empty: nothing).
+        Changes that re-route nothing (new operators, PyTorch's own lazy registrations) become the new snapshot."""
+        dumps, fallbacks = self._dumps(), self._fallbacks()
+        found = [f"backend fallback {'added' if key in fallbacks else 'removed'} for {key}"
+                 for key in sorted(fallbacks ^ self.fallbacks)]
+        if dumps != self.dumps:
+            before, now = self.entries, _kernel_entries(dumps)
+            known_files = {loc.rsplit(":", 1)[0] for loc in before.values()}
+            existing_ops = {op for op, _ in before}
+            for (op, key), where in now.items():
+                was = before.get((op, key))
+                if was is None and op in existing_ops and not (
+                        where.startswith(_TORCH_DIR) or where.rsplit(":", 1)[0] in known_files):
+                    found.append(f"{op} [{key}]: a kernel registered at {where}")
+                elif was is not None and was != where and not key.endswith("(inactive)"):
+                    found.append(f"{op} [{key}]: kernel replaced ({was} -> {where})")
+            found += [f"{op} [{key}]: kernel removed (was {was})" for (op, key), was in before.items()
+                      if (op, key) not in now]
+            if not found:
+                self.dumps, self._entries = dumps, now
+        return found
+
+
+class RuntimeGuard:
+    """Identities of the callables a cheat would patch, the global math flags, what routes op calls and (with
+    `dispatcher`) the dispatcher's kernels, captured before the candidate is imported; `check` rejects any
+    change. The harness itself only uses references it took before that."""
+
+    def __init__(self, dispatcher: DispatcherSnapshot | None = None) -> None:
         import builtins
 
         self.namespaces = {
@@ -105,9 +204,14 @@ class RuntimeGuard:
             if callable(value)
         }
         self.flags = _flags_snapshot()
+        self.routing = _dispatch_routing()
         self.threads = threading.active_count()
+        # Taken before the worker's go where it was prestarted (worker.py), else now.
+        self.dispatcher = dispatcher or DispatcherSnapshot()
 
-    def check(self, when: str) -> None:
+    def check(self, when: str, *, dispatcher: bool = False) -> None:
+        """Reject any change since the snapshot; `dispatcher` also reads the dispatcher's kernels (0.06 s: at the
+        end of a stage, see DispatcherSnapshot)."""
         for (ns_name, key), ident in self.identities.items():
             if id(vars(self.namespaces[ns_name]).get(key)) != ident:
                 raise Rejection(Status.DECEPTIVE, "runtime_monkeypatch", f"{ns_name}.{key} was replaced {when}", "anti_gaming")
@@ -117,6 +221,16 @@ class RuntimeGuard:
             raise Rejection(Status.DECEPTIVE, "global_flag_flip", f"global flags changed {when}: {changed}", "anti_gaming")
         if threading.active_count() > self.threads:
             raise Rejection(Status.DECEPTIVE, "spawned_thread", f"a Python thread was started {when}", "anti_gaming")
+        routing = _dispatch_routing()
+        rerouted = {k: (self.routing[k], v) for k, v in routing.items() if self.routing[k] != v}
+        if rerouted:
+            raise Rejection(Status.DECEPTIVE, "dispatcher_override",
+                            f"what routes PyTorch's op calls changed {when}: {rerouted}", "anti_gaming")
+        overrides = self.dispatcher.overrides() if dispatcher else []
+        if overrides:
+            shown = "; ".join(overrides[:5]) + (f"; and {len(overrides) - 5} more" if len(overrides) > 5 else "")
+            raise Rejection(Status.DECEPTIVE, "dispatcher_override",
+                            f"PyTorch's operators were given other kernels {when}: {shown}", "anti_gaming")
 
 
 # --- tensors ------------------------------------------------------------------------------------------------------
@@ -805,6 +919,9 @@ class CandidateJudge:
             decided += all(c.passes[policy_tol] for c in trial_cmp)
             self.policy_tolerance = policy_tol
         del earlier_refs
+        # Before any verdict of these trials: kernels the candidate gave PyTorch's operators would have changed the
+        # reference's outputs and the checks' answers alike.
+        self.guard.check("during the correctness trials", dispatcher=True)
         worst = next((c for c in comparisons if c.problem), None) or max(comparisons, key=lambda c: c.max_abs_diff)
         j.fields.update(max_abs_diff=worst.max_abs_diff, mean_abs_diff=worst.mean_abs_diff,
                         correct_at_1e2=passed[TOLERANCE_LOOSE] == cfg.correctness_trials,
@@ -1099,7 +1216,7 @@ class CandidateJudge:
                     if (sample >= cfg.timing_samples and precise) or out_of_time or sample >= cfg.timing_max_samples:
                         break
         timing_end = self._perf_counter()
-        self.guard.check("during timing")
+        self.guard.check("during timing", dispatcher=True)
         chosen = cfg.speedup_convention
         stats = {c: (timing_stats(times[c]["ref"]), timing_stats(times[c]["cand"])) for c in ("gpu", "host")}
         speedups = {c: statistics.median(ratios[c]) for c in ("gpu", "host")}

@@ -26,6 +26,14 @@ Policy (each finding is a `Reason` with stage "static"; `deceptive` findings rej
   system/exec from C++: work or interference outside the judged call.
 - `dynamic_code` (deceptive): `__import__`, `eval`, `exec`, `compile`: code these checks cannot read.
 - `tensor_subclass` (deceptive): `__torch_function__`/`__torch_dispatch__`/Tensor subclasses (lazy outputs).
+- `dispatcher_override` (deceptive): kernels registered for PyTorch's own operators (`torch.library` impls or
+  `TORCH_LIBRARY_IMPL`/`TORCH_LIBRARY_FRAGMENT` into a namespace the file does not define, e.g. `aten`; backend
+  fallbacks; the C++ dispatcher's registration API) or Python modes and dispatch-key switches that re-route every
+  op call (`TorchDispatchMode`, `torch._C._push_on_torch_*_stack`, ...): they change what the reference computes
+  and what the output checks answer. Registering the candidate's own operators in its own namespace is fine.
+  The runtime guard compares the dispatcher itself (harness.DispatcherSnapshot) for what escapes this reading.
+- `host_compute` (deceptive): the forward path moves tensors to the host (`.cpu()`, `.numpy()`, `.to("cpu")`,
+  `torch.from_numpy`): work done on the CPU is not a CUDA kernel, and a GPU profile shows none of it.
 - `precision_downgrade` (deceptive): fp16/bf16/TF32 arithmetic in a candidate whose reference is fp32-only.
   The C/C++ text checks read the file's string literals without C/C++ comments and without Python docstrings, and
   a dtype compared in a guard (`x.scalar_type() != at::kHalf`) is not a use of it.
@@ -98,11 +106,30 @@ COMPILED_TORCH_NAMES = ("torch.compile", "torch.compiler", "torch._dynamo", "tor
                         "torch.jit.trace", "torch.jit.trace_module", "torch.jit.freeze",
                         "torch.jit.optimize_for_inference", "torch.cuda.jiterator", "torch._C._jit")
 GRAPH_CAPTURE_NAMES = ("torch.cuda.graph", "torch.cuda.graphs", "torch.cuda.CUDAGraph",
-                       "torch.cuda.make_graphed_callables")
+                       "torch.cuda.make_graphed_callables", "torch._C._CUDAGraph")
+# Names (and everything under them) that re-route PyTorch's op calls, the reference's and the harness's included.
+DISPATCH_ROUTING_NAMES = ("torch._C._dispatch_", "torch._C._push_on_torch_", "torch._C._set_torch_function_mode",
+                          "torch._C._set_dispatch_mode", "torch._C._EnablePythonDispatcher",
+                          "torch._C._EnableTorchFunction", "torch._C._DisableTorchDispatch",
+                          "torch._C._ExcludeDispatchKeyGuard", "torch._C._IncludeDispatchKeyGuard",
+                          "torch._C._set_autograd_fallback_mode", "torch.utils._python_dispatch",
+                          "torch.overrides.TorchFunctionMode", "torch.overrides.BaseTorchFunctionMode",
+                          "torch._ops.HigherOrderOperator.py_impl")
+# torch.library calls that give an operator named by its first argument ("ns::op") a kernel of the caller's.
+LIBRARY_KERNEL_CALLS = frozenset({"impl", "register_kernel", "register_fake", "register_autograd", "impl_abstract",
+                                  "register_torch_dispatch", "register_vmap", "register_autocast", "fallthrough_kernel"})
+# torch.library calls that define an operator ("ns::op"): the namespace is then the candidate's own.
+LIBRARY_DEFINE_CALLS = frozenset({"custom_op", "define", "triton_op"})
+# Leaves of `torch._C._set_*`: private setters of global state (TF32, cuDNN, precision, determinism, ...).
+PRIVATE_SETTER_PREFIX = "torch._C._set_"
+# Forward-path calls that move a tensor's values to the host.
+HOST_TRANSFER_METHODS = frozenset({"cpu", "numpy"})
 FOREIGN_KERNEL_MODULES = frozenset({"triton", "cupy", "cupyx", "numba", "pycuda", "cuda", "tvm", "tilelang", "warp",
                                     "cutlass", "taichi", "jax", "tensorflow", "hidet", "thunderkittens"})
 STREAM_ATTRS = frozenset({"Stream", "stream", "ExternalStream", "set_stream", "StreamContext"})
+STREAM_NAMESPACES = ("torch.cuda.", "torch.accelerator.")
 HALF_DTYPE_ATTRS = frozenset({"float16", "half", "bfloat16"})
+TORCH_OVERRIDE_HOOKS = ("__torch_function__", "__torch_dispatch__")
 HALF_CAST_METHODS = frozenset({"half", "bfloat16"})
 
 CUDA_TEXT_PATTERNS: list[tuple[str, re.Pattern[str], str]] = [
@@ -113,6 +140,9 @@ CUDA_TEXT_PATTERNS: list[tuple[str, re.Pattern[str], str]] = [
      "spawns a host thread from C++"),
     ("process_spawn", re.compile(r"\b(?:fork|vfork|popen|system|execv\w*|execl\w*|posix_spawn\w*)\s*\("),
      "starts another process from C++"),
+    ("dispatcher_override", re.compile(r"\bc10::Dispatcher\b|\bDispatcher::singleton\b|\bRegisterOperators\b"
+                                       r"|\bregisterFallback\b|\bregisterImpl\b"),
+     "registers kernels through the C++ dispatcher's API, for any operator (PyTorch's included)"),
     ("global_flag_flip", re.compile(r"cublasSetMathMode|setAllowTF32\w*|setBenchmarkCuDNN|setFloat32MatmulPrecision"
                                     r"|setAllowFP16ReductionCuBLAS|setAllowBF16ReductionCuBLAS"),
      "changes a global math/cuDNN setting from C++"),
@@ -404,6 +434,8 @@ def _classify_forward_calls(funcs: list[ast.FunctionDef], facts: _ModuleFacts, e
             builtin_op = resolved.startswith(BUILTIN_OP_NAMESPACES)
             if _is_extension_call(node, facts, extension_attrs, reaching, loop_names):
                 extension_calls += 1
+            elif isinstance(node.func, ast.Call) and _builds_torch_module(node.func, facts):
+                torch_ops.append(f"{facts.resolve(node.func.func)}(...)(...) (a torch.nn module built and called)")
             elif parts[0] == "self" and len(parts) == 2 and parts[1] in torch_module_attrs:
                 torch_ops.append(f"self.{parts[1]} (torch.nn module)")
             elif len(parts) == 1 and parts[0] in torch_loop_names:
@@ -415,6 +447,76 @@ def _classify_forward_calls(funcs: list[ast.FunctionDef], facts: _ModuleFacts, e
                     and not resolved.startswith("torch."):
                 torch_ops.append(f".{node.func.attr}()")
     return extension_calls, torch_ops
+
+
+def _host_transfers(funcs: list[ast.FunctionDef], facts: _ModuleFacts) -> list[str]:
+    """Calls on the forward path that bring a tensor's values to the host: `.cpu()`, `.numpy()`, `.to("cpu")`
+    (also `device="cpu"` or `torch.device("cpu")`), `torch.from_numpy`."""
+    def names_cpu(arg: ast.AST) -> bool:
+        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+            return arg.value.split(":")[0] == "cpu"
+        return isinstance(arg, ast.Call) and (facts.resolve(arg.func) or "") == "torch.device" \
+            and bool(arg.args) and names_cpu(arg.args[0])
+
+    found: list[str] = []
+    for func in funcs:
+        for node in ast.walk(func):
+            if not isinstance(node, ast.Call):
+                continue
+            resolved = facts.resolve(node.func) or ""
+            if resolved == "torch.from_numpy":
+                found.append(f"line {node.lineno}: torch.from_numpy")
+            elif isinstance(node.func, ast.Attribute) and not resolved.startswith("torch."):
+                attr = node.func.attr
+                if attr in HOST_TRANSFER_METHODS or (attr == "to" and any(
+                        names_cpu(a) for a in [*node.args, *(k.value for k in node.keywords if k.arg == "device")])):
+                    found.append(f"line {node.lineno}: .{attr}({'cpu' if attr == 'to' else ''})")
+    return found
+
+
+_CPP_LIBRARY = re.compile(r"\bTORCH_LIBRARY(_IMPL|_FRAGMENT)?\s*\(\s*(\w+)")
+
+
+def _check_dispatcher_registrations(report: StaticReport, tree: ast.Module, facts: _ModuleFacts,
+                                    cuda_text: str) -> None:
+    """Kernels registered into a namespace the file does not define itself (PyTorch's `aten`, `prims`, ...; `_`:
+    a backend fallback for every operator): Python `torch.library` and C++ `TORCH_LIBRARY_IMPL`/`_FRAGMENT`.
+    A namespace is the file's own where it defines it: `TORCH_LIBRARY(ns, m)`, `Library("ns", "DEF")`,
+    `torch.library.custom_op("ns::f")`/`define("ns::f")`."""
+    def constant(node: ast.Call, position: int, keyword: str) -> str | None:
+        arg = node.args[position] if len(node.args) > position else next(
+            (k.value for k in node.keywords if k.arg == keyword), None)
+        return arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else None
+
+    own: set[str] = set()
+    registrations: list[tuple[str | None, str]] = []  # (namespace or None when not a constant, where)
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        resolved = facts.resolve(node.func) or ""
+        if not resolved.startswith("torch.library."):
+            continue
+        leaf = resolved.rsplit(".", 1)[-1]
+        if leaf == "Library":
+            ns, kind = constant(node, 0, "ns"), constant(node, 1, "kind")
+            if kind == "DEF" and ns is not None:
+                own.add(ns)
+            elif kind != "DEF":
+                registrations.append((ns, f"line {node.lineno}: torch.library.Library({ns!r}, {kind!r})"))
+        elif leaf in LIBRARY_DEFINE_CALLS and (name := constant(node, 0, "name")) and "::" in name:
+            own.add(name.split("::")[0])
+        elif leaf in LIBRARY_KERNEL_CALLS and (name := constant(node, 0, "qualname")) is not None:
+            registrations.append((name.split("::")[0] if "::" in name else None, f"line {node.lineno}: {resolved}({name!r})"))
+    for match in _CPP_LIBRARY.finditer(cuda_text):
+        if match.group(1) is None:
+            own.add(match.group(2))
+        else:
+            registrations.append((match.group(2), match.group(0)))
+    foreign = [where for ns, where in registrations if ns is None or ns == "_" or ns not in own]
+    if foreign:
+        report.reject(Status.DECEPTIVE, "dispatcher_override",
+                      f"registers kernels into a namespace it does not define ({'; '.join(foreign[:3])}): PyTorch's "
+                      f"operators would run the candidate's code, in the reference and the output checks too")
 
 
 # A reduced-precision dtype compared in a guard (`x.scalar_type() != at::kHalf`) is not a use of it.
@@ -483,6 +585,10 @@ def _check_model_new(report: StaticReport, tree: ast.Module, facts: _ModuleFacts
         forward_funcs, facts, extension_attrs, torch_module_attrs, reaching
     )
     ops = sorted(set(report.torch_ops_on_forward))
+    host = _host_transfers(forward_funcs, facts)
+    if host:
+        report.reject(Status.DECEPTIVE, "host_compute",
+                      f"forward path moves tensors to the host ({'; '.join(host[:3])}): work on the CPU, not a kernel")
     if report.torch_ops_on_forward and report.extension_calls_on_forward == 0:
         report.reject(Status.DECEPTIVE, "torch_only_forward",
                       f"forward path calls PyTorch compute ops ({', '.join(ops)}) and no extension function")
@@ -523,8 +629,10 @@ def _check_statements(report: StaticReport, tree: ast.Module, facts: _ModuleFact
                               f"line {node.lineno}: uses {resolved} in an fp32 task")
         elif isinstance(node, ast.Name) and node.id == "__builtins__":
             report.reject(Status.DECEPTIVE, "frame_or_gc_access", f"line {node.lineno}: uses __builtins__")
-        elif isinstance(node, ast.FunctionDef) and node.name in ("__torch_function__", "__torch_dispatch__"):
+        elif isinstance(node, ast.FunctionDef) and node.name in TORCH_OVERRIDE_HOOKS:
             report.reject(Status.DECEPTIVE, "tensor_subclass", f"defines {node.name} (a tensor subclass/lazy output)")
+        elif isinstance(node, ast.Constant) and node.value in TORCH_OVERRIDE_HOOKS:  # type("M", (...), {...: f})
+            report.reject(Status.DECEPTIVE, "tensor_subclass", f"line {node.lineno}: names {node.value}")
         elif isinstance(node, ast.ClassDef):
             if any((facts.resolve(b) or "") in ("torch.Tensor", "torch._C.TensorBase") for b in node.bases):
                 report.reject(Status.DECEPTIVE, "tensor_subclass", f"class {node.name} subclasses torch.Tensor")
@@ -564,7 +672,9 @@ def _check_call(report: StaticReport, node: ast.Call, facts: _ModuleFacts, refer
     leaf = resolved.rsplit(".", 1)[-1]
     if resolved in GLOBAL_FLAG_CALLS:
         report.reject(Status.DECEPTIVE, "global_flag_flip", f"line {node.lineno}: calls {resolved}")
-    elif resolved.startswith("torch.cuda.") and leaf in STREAM_ATTRS:
+    elif resolved.startswith(PRIVATE_SETTER_PREFIX):
+        report.reject(Status.DECEPTIVE, "global_flag_flip", f"line {node.lineno}: calls {resolved}")
+    elif (resolved.startswith(STREAM_NAMESPACES) and leaf in STREAM_ATTRS) or resolved == "torch.Stream":
         report.reject(Status.DECEPTIVE, "side_stream", f"line {node.lineno}: calls {resolved}")
     elif resolved in ("setattr", "delattr", "builtins.setattr") and node.args:
         owner = (_dotted(node.args[0]) or "").split(".")[0]
@@ -613,7 +723,9 @@ def _check_kernel_sources(report: StaticReport, tree: ast.Module, facts: _Module
     uses: dict[str, list[tuple[int, str]]] = {}
 
     def classify(name: str, line: int) -> None:
-        if _named_under(name, COMPILED_TORCH_NAMES):
+        if name.startswith(DISPATCH_ROUTING_NAMES):
+            uses.setdefault("dispatcher_override", []).append((line, name))
+        elif _named_under(name, COMPILED_TORCH_NAMES):
             uses.setdefault("compiled_torch_code", []).append((line, name))
         elif _named_under(name, GRAPH_CAPTURE_NAMES):
             uses.setdefault("cuda_graph_capture", []).append((line, name))
@@ -633,7 +745,8 @@ def _check_kernel_sources(report: StaticReport, tree: ast.Module, facts: _Module
             classify(f"{facts.resolve(node.args[0])}.{node.args[1].value}", node.lineno)
     what = {"compiled_torch_code": "PyTorch code compiled into kernels that are not the candidate's CUDA",
             "cuda_graph_capture": "a replayed graph of PyTorch ops is launch overhead removed, not a kernel written",
-            "foreign_kernel_backend": "kernels from another language or library, not the CUDA sources being judged"}
+            "foreign_kernel_backend": "kernels from another language or library, not the CUDA sources being judged",
+            "dispatcher_override": "re-routes PyTorch's op calls (the reference's and the output checks' too)"}
     for code, found in uses.items():
         line, name = min(found)
         more = len({n for _, n in found} - {name})
@@ -672,5 +785,6 @@ def check_candidate_source(reference_src: str, candidate_src: str, *, forbid_tor
     _check_statements(report, tree, facts, reference_is_fp32)
     _check_imports(report, facts)
     _check_kernel_sources(report, tree, facts)
+    _check_dispatcher_registrations(report, tree, facts, cuda_text)
     _check_cuda_text(report, cuda_text, reference_is_fp32)
     return report

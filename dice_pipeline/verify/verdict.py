@@ -17,10 +17,12 @@ from typing import Any
 # 0.3: full-size tasks (chunked comparison, GPU input draws, harness faults as infrastructure_error, limits scaled
 # to the task), both timing conventions (speedup_gpu / speedup_host), run-to-run consistency, the baseline-kernel
 # reward policy.
-VERIFIER_VERSION = "0.3.0"
+# 0.3.1: dispatcher overrides (`dispatcher_override`: the candidate's kernels for PyTorch's operators, Python modes
+# and dispatch-key switches left on) and work moved to the host (`host_compute`) are deceptive.
+VERIFIER_VERSION = "0.3.1"
 # Versions whose stored verdicts can still be read on request (VerdictStore.get(accept_versions=...)): never reused
 # silently, and a verdict read that way says so in its provenance and flags.
-READABLE_VERIFIER_VERSIONS = ("0.2.0",)
+READABLE_VERIFIER_VERSIONS = ("0.3.0", "0.2.0")
 
 
 class Status(str, Enum):

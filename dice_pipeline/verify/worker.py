@@ -17,13 +17,16 @@ import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dice_pipeline.gpu_pool import SharedGpu
 from dice_pipeline.verify.build_cache import BuildInterceptor, ExtensionCompileError
 from dice_pipeline.verify.config import VerifyConfig
 from dice_pipeline.verify.gpu_share import GpuShareClient
 from dice_pipeline.verify.static_checks import cuda_kernel_names
+
+if TYPE_CHECKING:  # imported where used: the harness imports torch
+    from dice_pipeline.verify.harness import DispatcherSnapshot
 
 
 def _import_source(name: str, source: str, directory: Path) -> Any:
@@ -231,7 +234,8 @@ def start_cuda_before_go(request: dict[str, Any], share: GpuShareClient) -> dict
 
 def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scratch: Path,
                     share: GpuShareClient | None = None,
-                    cuda_started_before_go: dict[str, Any] | None = None) -> dict[str, Any]:
+                    cuda_started_before_go: dict[str, Any] | None = None,
+                    dispatcher: DispatcherSnapshot | None = None) -> dict[str, Any]:
     """The GPU judgement. With request["control"], the reference is judged against itself (measure_references):
     the candidate source is not imported and no profiler pass runs. `share`: the client to the GPU's other lanes
     when main() made it before the gate; `cuda_started_before_go`: what start_cuda_before_go did, if it ran."""
@@ -258,7 +262,7 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
     if cuda_started_before_go is None:
         _start_cuda(fraction)
     phases["cuda_start"] = round(time.perf_counter() - started, 4)
-    guard = RuntimeGuard()  # before any task code is imported
+    guard = RuntimeGuard(dispatcher)  # before any task code is imported
     try:
         reference = _import_source("reference_module", request["reference_src"], scratch)
     except BaseException as exc:  # noqa: BLE001
@@ -342,20 +346,22 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
     return result
 
 
-def _prepare_and_wait_at_gate(gate_path: Path, request: dict[str, Any],
-                              share: GpuShareClient | None) -> dict[str, Any] | None:
+def _prepare_and_wait_at_gate(gate_path: Path, request: dict[str, Any], share: GpuShareClient | None
+                              ) -> tuple[dict[str, Any] | None, DispatcherSnapshot | None]:
     """Trusted start-up only (the harness and the lazy torch modules it will need; CUDA too beside other lanes:
-    start_cuda_before_go; no task code), then wait for the parent to create `gate_path`: the previous candidate
-    may still be on the GPU. Returns start_cuda_before_go's report."""
+    start_cuda_before_go, and then the guard's dispatcher snapshot; no task code), then wait for the parent to
+    create `gate_path`: the previous candidate may still be on the GPU. Returns start_cuda_before_go's report and
+    the snapshot (None where CUDA starts after the go: the guard takes its snapshot then)."""
     import torch._dynamo  # noqa: F401 - imported by the profiler's first use otherwise
     import torch.profiler  # noqa: F401
 
-    import dice_pipeline.verify.harness  # noqa: F401
+    from dice_pipeline.verify.harness import DispatcherSnapshot
 
     started_cuda = start_cuda_before_go(request, share) if share is not None else None
+    dispatcher = DispatcherSnapshot() if started_cuda is not None else None
     while not gate_path.exists():
         time.sleep(0.005)
-    return started_cuda
+    return started_cuda, dispatcher
 
 
 def main(argv: list[str]) -> int:
@@ -375,9 +381,9 @@ def main(argv: list[str]) -> int:
     # the parent (status needs_build), which runs that stage on the build cores and judges the candidate again.
     interceptor.cached_only = request["stage"] == "run" and bool(request.get("builds_expected_cached"))
     share = _share_client() if request["stage"] == "run" else None
-    cuda_started_before_go = None
+    cuda_started_before_go = dispatcher = None
     if request.get("gate_path"):
-        cuda_started_before_go = _prepare_and_wait_at_gate(Path(request["gate_path"]), request, share)
+        cuda_started_before_go, dispatcher = _prepare_and_wait_at_gate(Path(request["gate_path"]), request, share)
     if request.get("run_cpus"):
         # The GPU stage's own cores (no builds there); imports before the gate ran on any core.
         os.sched_setaffinity(0, request["run_cpus"])
@@ -390,7 +396,7 @@ def main(argv: list[str]) -> int:
     elif request["stage"] == "pch":
         result = {"status": "ok", "pch_flags": interceptor.ensure_precompiled_header([], wait=True)}
     elif request["stage"] == "run":
-        result = run_judge_stage(request, interceptor, scratch, share, cuda_started_before_go)
+        result = run_judge_stage(request, interceptor, scratch, share, cuda_started_before_go, dispatcher)
         if interceptor.missed_cache:  # whatever the judgement found, it was not of the candidate as built alone
             result = {"status": "needs_build", "missed_cache": interceptor.missed_cache,
                       **_build_summary(interceptor)}

@@ -342,7 +342,8 @@ def test_the_run_stage_of_a_skipped_member_reports_an_uncached_build_whatever_th
     from dice_pipeline.verify import worker
     from dice_pipeline.verify.build_cache import BuildNotCached
 
-    def candidate_that_swallows_the_miss(request, interceptor, scratch, share=None, cuda_started_before_go=None):
+    def candidate_that_swallows_the_miss(request, interceptor, scratch, share=None, cuda_started_before_go=None,
+                                         dispatcher=None):
         try:
             interceptor.load_inline(name="late_ext", cpp_sources="int f();", functions=["f"])
         except BuildNotCached:

@@ -175,3 +175,35 @@ def test_a_handler_that_logs_then_reraises_is_not_a_fallback():
     escapes = candidate(forward="for _ in range(1):\n    try:\n        return relu2_ext.relu2(x)\n"
                                 "    except RuntimeError:\n        break\n        raise\nreturn torch.relu(x) * 2.0")
     assert "try_except_fallback" in [r.code for r in check_candidate_source(REFERENCE, escapes).reasons]
+
+
+def test_the_candidates_own_operator_namespace_is_not_a_dispatcher_override():
+    # Registering its own operators (C++ TORCH_LIBRARY + TORCH_LIBRARY_IMPL, Python custom_op + register_fake)
+    # is how real candidates expose kernels to torch.ops; only a namespace the file does not define is foreign.
+    cpp = HONEST_KERNEL + ('\nTORCH_LIBRARY(dice_ops, m) {\n    m.def("relu2(Tensor x) -> Tensor");\n}\n'
+                           'TORCH_LIBRARY_IMPL(dice_ops, CUDA, m) {\n    m.impl("relu2", &relu2);\n}\n')
+    report = check_candidate_source(REFERENCE, candidate(cuda_source=cpp, forward="return torch.ops.dice_ops.relu2(x)"))
+    assert "dispatcher_override" not in [r.code for r in report.reasons], report.reasons
+    python = candidate(prelude='@torch.library.custom_op("dice_py::relu2", mutates_args=())\n'
+                              'def relu2_op(x: torch.Tensor) -> torch.Tensor:\n    return relu2_ext.relu2(x)\n\n'
+                              '@torch.library.register_fake("dice_py::relu2")\n'
+                              'def _(x):\n    return torch.empty_like(x)\n',
+                       forward="return relu2_op(x)")
+    report = check_candidate_source(REFERENCE, python)
+    assert "dispatcher_override" not in [r.code for r in report.reasons], report.reasons
+
+
+def test_a_namespace_that_is_not_a_constant_or_defined_elsewhere_is_foreign():
+    report = check_candidate_source(REFERENCE, candidate(prelude="NS = 'dice_ops'\n_lib = torch.library.Library(NS, 'IMPL')"))
+    assert "dispatcher_override" in [r.code for r in report.reasons]
+    cpp = HONEST_KERNEL + "\n#define NS aten\nTORCH_LIBRARY_IMPL(NS, CUDA, m) {\n    m.impl(\"relu\", &relu2);\n}\n"
+    assert "dispatcher_override" in [r.code for r in check_candidate_source(REFERENCE, candidate(cuda_source=cpp)).reasons]
+
+
+def test_host_transfers_outside_the_forward_path_and_scalar_reads_are_not_host_compute():
+    # Weights prepared on the host in __init__, and .item()/.tolist() of small values on the forward path, are
+    # common in honest files; only moving the forward's tensors to the host is work done there.
+    source = candidate(forward="n = int(x.numel())\nscale = torch.tensor([2.0]).item()\nreturn relu2_ext.relu2(x)")
+    source = source.replace("        self.cache = {}", "        self.cache = {}\n        self.table = torch.arange(4).cpu().numpy()")
+    report = check_candidate_source(REFERENCE, source)
+    assert "host_compute" not in [r.code for r in report.reasons], report.reasons

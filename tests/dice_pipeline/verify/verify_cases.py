@@ -198,6 +198,42 @@ STATIC_CASES = [
     Case("cpp_popen", candidate(cuda_source=HONEST_KERNEL.replace(
         "    long n = x.numel();", "    long n = x.numel();\n    popen(\"nvidia-smi -lgc 210\", \"r\");")),
          "deceptive", ("process_spawn",)),
+    # Work on the host: no CUDA kernel does it, and a GPU profile shows none of it.
+    Case("numpy_on_the_host", candidate(prelude="import numpy as np",
+                                        forward="y = np.maximum(x.detach().cpu().numpy(), 0) * 2\n"
+                                                "return torch.from_numpy(y).to(x.device)"), "deceptive", ("host_compute",)),
+    Case("torch_on_the_host_beside_a_kernel", candidate(forward="relu2_ext.relu2(x[:1])\n"
+                                                                "return (x.to('cpu').clamp_min(0) * 2).to(x.device)"),
+         "deceptive", ("host_compute",)),
+    Case("torch_module_built_in_forward", candidate(forward="return nn.ReLU()(x) * 2"), "deceptive",
+         ("torch_only_forward",)),
+    # PyTorch's operators given the candidate's kernels: the reference and the output checks would run them too.
+    Case("aten_impl_from_python", candidate(prelude="_lib = torch.library.Library('aten', 'IMPL')\n"
+                                                    "_lib.impl('relu', lambda x: relu2_ext.relu2(x) * 0.5, 'CUDA')"),
+         "deceptive", ("dispatcher_override",)),
+    Case("register_kernel_on_aten", candidate(prelude="torch.library.register_kernel('aten::isclose', 'cuda', "
+                                                      "lambda a, b, *args, **kwargs: torch.ones_like(a, dtype=torch.bool))"),
+         "deceptive", ("dispatcher_override",)),
+    Case("aten_impl_from_cpp", candidate(cuda_source=HONEST_KERNEL + "\nTORCH_LIBRARY_IMPL(aten, CUDA, m) {\n"
+                                                                    "    m.impl(\"relu\", &relu2);\n}\n"),
+         "deceptive", ("dispatcher_override",)),
+    Case("backend_fallback_from_cpp", candidate(cuda_source=HONEST_KERNEL + "\nTORCH_LIBRARY_IMPL(_, AutogradCUDA, m) {"
+                                                                           "\n    m.fallback(torch::CppFunction::"
+                                                                           "makeFallthrough());\n}\n"),
+         "deceptive", ("dispatcher_override",)),
+    Case("dispatcher_api_from_cpp", candidate(cuda_source=HONEST_KERNEL.replace(
+        "    long n = x.numel();", "    long n = x.numel();\n    auto& d = c10::Dispatcher::singleton();")),
+         "deceptive", ("dispatcher_override",)),
+    Case("dispatch_mode_built_by_type", candidate(
+        prelude="from torch.utils._python_dispatch import TorchDispatchMode\n"
+                "Mode = type('Mode', (TorchDispatchMode,), {'__torch_dispatch__': lambda s, f, t, a=(), k=None: f(*a)})",
+        forward="return relu2_ext.relu2(x)"), "deceptive", ("dispatcher_override", "tensor_subclass")),
+    Case("private_tf32_setter", candidate(forward="torch._C._set_cublas_allow_tf32(True)\nreturn relu2_ext.relu2(x)"),
+         "deceptive", ("global_flag_flip",)),
+    Case("device_generic_stream", candidate(forward="with torch.cuda.stream(torch.Stream()):\n"
+                                                    "    y = relu2_ext.relu2(x)\nreturn y"), "deceptive", ("side_stream",)),
+    Case("private_graph_capture", candidate(prelude="graph = torch._C._CUDAGraph()"), "deceptive",
+         ("cuda_graph_capture",)),
 ]
 
 # --- need the GPU (runtime checks) ---------------------------------------------------------------------------------
@@ -243,6 +279,12 @@ RUNTIME_CASES = [
          flags=("degenerate_task",)),
     Case("illegal_memory_access", candidate(cuda_source=HONEST_KERNEL.replace("y[i] = v", "y[i + (1L << 40)] = v")),
          "runtime_error", ("candidate_raised", "worker_crashed")),
+    # The reference's relu made the candidate's (so every output check agrees), by names the static checks cannot
+    # read: the dispatcher check after the correctness trials sees aten::relu's CUDA kernel replaced.
+    Case("aten_override_through_computed_names", candidate(
+        prelude="_lib = getattr(torch.library, 'Lib' + 'rary')('at' + 'en', 'IMPL')\n"
+                "_lib.impl('relu', lambda t: relu2_ext.relu2(t) * 0.25, 'CUDA')",
+        forward="return relu2_ext.relu2(x) * 0.5"), "deceptive", ("dispatcher_override",)),
 ]
 
 

@@ -1,0 +1,197 @@
+"""CPU tests of the runtime guard's dispatcher check (harness.DispatcherSnapshot) and of what routes op calls: a
+candidate that gives PyTorch's operators its own kernels changes the reference and the output checks alike, so the
+guard compares the dispatcher with a snapshot taken before the candidate was imported. Registrations made here are
+undone in each test (Library._destroy); ones that cannot be undone run in a subprocess."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import types
+import uuid
+import warnings
+
+import pytest
+import torch
+
+from dice_pipeline.verify.config import VerifyConfig
+from dice_pipeline.verify.harness import CandidateJudge, DispatcherSnapshot, Rejection, RuntimeGuard
+from dice_pipeline.verify.verdict import Status
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def aten_library():
+    """A `torch.library.Library("aten", "IMPL")`, destroyed after the test (its kernels go with it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Overriding a previously registered kernel": the point of the test
+        library = torch.library.Library("aten", "IMPL")
+        yield library
+        library._destroy()
+
+
+def _rejection(guard: RuntimeGuard, **kwargs) -> Rejection:
+    with pytest.raises(Rejection) as caught:
+        guard.check("in the test", **kwargs)
+    return caught.value
+
+
+def test_a_replaced_kernel_of_an_existing_operator_is_a_dispatcher_override(aten_library):
+    guard = RuntimeGuard()
+    aten_library.impl("relu", lambda x: torch.zeros_like(x), "CPU")
+    assert torch.relu(torch.tensor([3.0])).item() == 0.0  # the reference's relu would now be the candidate's
+    guard.check("between calls")  # the cheap check (no dispatcher read) does not look
+    rejection = _rejection(guard, dispatcher=True)
+    assert rejection.status == Status.DECEPTIVE and rejection.reason.code == "dispatcher_override"
+    assert "aten::relu [CPU]: kernel replaced" in rejection.reason.message
+
+
+def test_a_new_kernel_for_an_existing_operator_is_a_dispatcher_override(aten_library):
+    guard = RuntimeGuard()
+    aten_library.impl("linear", lambda x, w, b=None: x, "CPU")  # linear had no CPU kernel (composite): now it has
+    rejection = _rejection(guard, dispatcher=True)
+    assert "aten::linear [CPU]: a kernel registered at" in rejection.reason.message and __file__ in rejection.reason.message
+
+
+def test_a_backend_fallback_is_a_dispatcher_override():
+    guard = RuntimeGuard()
+    library = torch.library.Library("_", "IMPL")
+    try:
+        library.fallback(lambda *args, **kwargs: None, dispatch_key="CPU")
+        assert "backend fallback added for DispatchKey.CPU" in _rejection(guard, dispatcher=True).reason.message
+    finally:
+        library._destroy()
+    guard.check("after the fallback went", dispatcher=True)
+
+
+def test_the_dispatcher_back_as_it_was_passes(aten_library):
+    guard = RuntimeGuard()
+    other = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        other.impl("relu", lambda x: x, "CPU")
+    other._destroy()
+    guard.check("after the override was undone", dispatcher=True)
+
+
+def test_the_candidates_own_operators_are_not_overrides():
+    guard = RuntimeGuard()
+    namespace = f"dice_test_{uuid.uuid4().hex[:8]}"
+    library = torch.library.Library(namespace, "DEF")
+    try:
+        library.define("scale(Tensor x) -> Tensor")
+        library.impl("scale", lambda x: x * 2, "CPU")
+        assert getattr(torch.ops, namespace).scale(torch.ones(2)).tolist() == [2.0, 2.0]
+        guard.check("after registering its own operator", dispatcher=True)
+        guard.check("and again (the new state is the snapshot now)", dispatcher=True)
+    finally:
+        library._destroy()
+
+
+def test_register_kernel_on_a_pytorch_operator_is_caught_and_pytorchs_own_lazy_registrations_are_not():
+    # torch.library.register_kernel cannot be undone in-process, and the lazy imports must be first imports: a
+    # fresh interpreter. Its kernel is recorded as registered inside torch/library.py: caught as a replacement.
+    script = textwrap.dedent("""
+        import warnings
+        warnings.simplefilter("ignore")
+        import torch
+        from dice_pipeline.verify.harness import DispatcherSnapshot
+        snapshot = DispatcherSnapshot()
+        import torch._dynamo  # noqa: F401 - registers kernels for c10d_functional, streams, onnx_symbolic ops
+        import torch.distributed._functional_collectives  # noqa: F401
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU]):
+            torch.relu(torch.randn(8)).sum()
+        with torch.device("meta"):
+            torch.rand(64, 64) @ torch.rand(64, 64)
+        assert snapshot.overrides() == [], snapshot.overrides()
+        torch.library.register_kernel("aten::relu", "cpu", lambda x: x)
+        found = snapshot.overrides()
+        assert len(found) == 1 and found[0].startswith("aten::relu [CPU]: kernel replaced"), found
+        print("ok")
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+
+
+def test_a_python_mode_left_on_the_stack_is_caught_by_every_check():
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    guard = RuntimeGuard()
+    mode = Passthrough()
+    mode.__enter__()
+    try:
+        rejection = _rejection(guard)  # no dispatcher read needed: the mode stacks are read on every check
+        assert rejection.reason.code == "dispatcher_override" and "torch_dispatch_modes" in rejection.reason.message
+    finally:
+        mode.__exit__(None, None, None)
+    guard.check("after the mode left")
+
+
+def test_autocast_left_on_is_caught():
+    guard = RuntimeGuard()
+    autocast = torch.autocast("cpu")
+    autocast.__enter__()
+    try:
+        assert "dispatch_keys_excluded" in _rejection(guard).reason.message
+    finally:
+        autocast.__exit__(None, None, None)
+    guard.check("after autocast ended")
+
+
+def test_the_snapshot_reads_every_operator():
+    snapshot = DispatcherSnapshot()
+    assert len(snapshot.dumps) > 1000 and ("aten::relu", "CPU") in snapshot.entries
+    assert snapshot.overrides() == []
+
+
+# --- the judge on the CPU: an override reached past the static checks ----------------------------------------------
+REFERENCE = """
+import torch
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return x * 2.0
+def get_inputs():
+    return [torch.rand(64, 32)]
+def get_init_inputs():
+    return []
+"""
+
+# The reference's `x * 2.0` becomes zeros, and so does the candidate's answer: every output check passes.
+OVERRIDING_CANDIDATE = """
+import warnings
+import torch
+warnings.simplefilter("ignore")
+_lib = getattr(torch.library, "Lib" + "rary")("at" + "en", "IMPL")  # a name the static checks cannot read
+_lib.impl("mul.Tensor", lambda a, b: torch.zeros_like(a), "CPU")
+class ModelNew(torch.nn.Module):
+    def forward(self, x):
+        return torch.zeros_like(x)
+"""
+
+
+def _module(name: str, source: str) -> types.ModuleType:
+    module = types.ModuleType(name)
+    exec(compile(source, name, "exec"), module.__dict__)  # trusted test code
+    return module
+
+
+def test_a_candidate_that_overrides_the_references_operator_is_deceptive_not_correct():
+    reference = _module("reference_module", REFERENCE)
+    guard = RuntimeGuard()  # as in the worker: before the candidate is imported
+    candidate = _module("candidate_module", OVERRIDING_CANDIDATE)
+    try:
+        judge = CandidateJudge(reference, candidate, VerifyConfig(), guard, ["k"], device=CPU)
+        judge.run_profiler_check = lambda: None  # needs CUDA kernels; the GPU tests cover it
+        judgement = judge.run(with_timing=False)
+    finally:
+        candidate._lib._destroy()
+    assert judgement.status == Status.DECEPTIVE, judgement.reasons
+    assert judgement.reasons[-1].code == "dispatcher_override"
+    assert "aten::mul.Tensor [CPU]" in judgement.reasons[-1].message
