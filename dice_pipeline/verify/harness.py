@@ -180,15 +180,45 @@ class DispatcherSnapshot:
         return found
 
 
+_NN_MODULE_INTERNALS = sys.modules[torch.nn.Module.__module__]  # where nn.Module keeps its global hooks
+
+
+def _global_module_hooks() -> dict[str, tuple[Any, ...]]:
+    """The hooks every nn.Module call runs (`torch.nn.modules.module.register_module_forward_hook` and kin): one
+    registered by a candidate runs inside the reference's forward too, and can rewrite its output."""
+    return {name: tuple(value) for name, value in vars(_NN_MODULE_INTERNALS).items()
+            if name.startswith("_global_") and isinstance(value, dict)}
+
+
+def _model_state(model: torch.nn.Module) -> list[tuple[Any, ...]]:
+    """Per module of a model: its class, its hooks, and the callables set on the instance (an instance `forward`
+    shadows its class's)."""
+    return [(type(module), *(len(getattr(module, hooks, ())) for hooks in (
+                "_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")),
+             tuple(sorted(key for key, value in vars(module).items() if callable(value))))
+            for module in model.modules()]
+
+
+def _torch_nn_classes() -> dict[str, type]:
+    """torch.nn's module classes (Linear, Conv2d, ...): the reference's layers call their `forward`."""
+    return {f"torch.nn.{name}": value for name, value in vars(torch.nn).items()
+            if isinstance(value, type) and issubclass(value, torch.nn.Module)}
+
+
+_MISSING = object()
+
+
 class RuntimeGuard:
-    """Identities of the callables a cheat would patch, the global math flags, what routes op calls and (with
-    `dispatcher`) the dispatcher's kernels, captured before the candidate is imported; `check` rejects any
-    change. The harness itself only uses references it took before that."""
+    """Identities of the callables a cheat would patch (torch's, torch.nn's classes', the harness's, and once
+    `watch_reference` ran, the reference's), methods added to those classes (one shadows an inherited method: a
+    `softmax` set on torch.Tensor), nn.Module's global hooks, the global math flags, what routes op calls and (with
+    `dispatcher`) the dispatcher's kernels, captured before the candidate is imported; `check` rejects any change.
+    The harness itself only uses references it took before that."""
 
     def __init__(self, dispatcher: DispatcherSnapshot | None = None) -> None:
         import builtins
 
-        self.namespaces = {
+        self.namespaces: dict[str, Any] = {
             "torch": torch, "torch.Tensor": torch.Tensor, "torch.cuda": torch.cuda, "torch.cuda.Event": torch.cuda.Event,
             "torch.nn.functional": torch.nn.functional, "torch.nn.Module": torch.nn.Module, "time": time,
             "torch.testing": torch.testing, "torch.linalg": torch.linalg, "builtins": builtins,
@@ -196,25 +226,71 @@ class RuntimeGuard:
             # The harness itself: its functions and the methods of its classes, however a candidate reached them.
             "harness": sys.modules[__name__],
             **{f"harness.{cls.__name__}": cls for cls in (CandidateJudge, RuntimeGuard, Comparison, Judgement)},
+            **_torch_nn_classes(),
         }
-        self.identities = {
-            (ns_name, key): id(value)
-            for ns_name, ns in self.namespaces.items()
-            for key, value in list(vars(ns).items())
-            if callable(value)
-        }
+        self.identities: dict[tuple[str, str], int] = {}
+        self.class_keys: dict[str, frozenset[str]] = {}
+        for ns_name, ns in list(self.namespaces.items()):
+            self._snapshot(ns_name, ns)
+        self.module_hooks = _global_module_hooks()
+        self.reference: tuple[ModuleType, dict[str, Any]] | None = None  # the module and its simple values
+        self.model: tuple[torch.nn.Module, list[tuple[Any, ...]]] | None = None
         self.flags = _flags_snapshot()
         self.routing = _dispatch_routing()
         self.threads = threading.active_count()
         # Taken before the worker's go where it was prestarted (worker.py), else now.
         self.dispatcher = dispatcher or DispatcherSnapshot()
 
+    def _snapshot(self, ns_name: str, namespace: Any) -> None:
+        self.namespaces[ns_name] = namespace
+        items = list(vars(namespace).items())
+        self.identities.update({(ns_name, key): id(value) for key, value in items if callable(value)})
+        if isinstance(namespace, type):
+            self.class_keys[ns_name] = frozenset(key for key, _ in items)
+
+    def watch_reference(self, module: ModuleType, model: torch.nn.Module) -> None:
+        """Also guard the reference (trusted code, set up before the candidate is imported): its module's functions
+        and simple values (get_inputs() reads its sizes from them), the classes of every module of its model, and
+        the model's hooks and instance callables. A candidate that rewrote any of them would change what it is
+        compared with. The module is taken once (its first snapshot is the clean one); the model each time the
+        reference is built."""
+        if self.reference is None:
+            self._snapshot("reference", module)
+            simple = (int, float, bool, str, bytes, tuple, type(None))
+            self.reference = (module, {k: v for k, v in vars(module).items() if isinstance(v, simple)})
+        watched = {id(ns) for ns in self.namespaces.values()}
+        for submodule in model.modules():
+            for cls in type(submodule).__mro__:
+                if cls is not object and id(cls) not in watched:
+                    watched.add(id(cls))
+                    self._snapshot(f"{cls.__module__}.{cls.__qualname__}", cls)
+        self.model = (model, _model_state(model))
+
     def check(self, when: str, *, dispatcher: bool = False) -> None:
         """Reject any change since the snapshot; `dispatcher` also reads the dispatcher's kernels (0.06 s: at the
         end of a stage, see DispatcherSnapshot)."""
+        def patched(what: str) -> Rejection:
+            return Rejection(Status.DECEPTIVE, "runtime_monkeypatch", f"{what} {when}", "anti_gaming")
+
         for (ns_name, key), ident in self.identities.items():
             if id(vars(self.namespaces[ns_name]).get(key)) != ident:
-                raise Rejection(Status.DECEPTIVE, "runtime_monkeypatch", f"{ns_name}.{key} was replaced {when}", "anti_gaming")
+                raise patched(f"{ns_name}.{key} was replaced")
+        for ns_name, keys in self.class_keys.items():
+            # Data a library caches on a class (copyreg's __slotnames__) is not a method; a callable or a
+            # descriptor (property, staticmethod) shadows what the class inherited.
+            added = [key for key, value in vars(self.namespaces[ns_name]).items() if key not in keys
+                     and (callable(value) or hasattr(value, "__get__"))]
+            if added:
+                raise patched(f"{ns_name}.{added[0]} was added")
+        if _global_module_hooks() != self.module_hooks:
+            raise patched("a global nn.Module hook (it runs inside the reference's forward too) was registered")
+        if self.reference is not None:
+            module, values = self.reference
+            changed = sorted(k for k, v in values.items() if vars(module).get(k, _MISSING) != v)
+            if changed:
+                raise patched(f"the reference module's {changed[0]} was changed")
+        if self.model is not None and _model_state(self.model[0]) != self.model[1]:
+            raise patched("the reference model's modules (their classes, hooks or instance methods) were changed")
         flags = _flags_snapshot()
         changed = {k: (self.flags[k], v) for k, v in flags.items() if self.flags[k] != v}
         if changed:
@@ -752,6 +828,7 @@ class CandidateJudge:
             self.init_inputs = init_inputs
             torch.manual_seed(cfg.seed)
             self.ref_model = self.reference.Model(*init_inputs).to(self.device)
+            self.guard.watch_reference(self.reference, self.ref_model)
         except Rejection:
             raise
         except Exception as exc:  # noqa: BLE001 - a broken reference is reported, not raised

@@ -12,7 +12,8 @@ Policy (each finding is a `Reason` with stage "static"; `deceptive` findings rej
   epilogue after a cuDNN conv is a common, honest pattern), so it is a flag unless the config forbids it; the
   runtime profiler then reports how much GPU time the candidate's own kernels took.
 - `no_cuda_extension` (deceptive): no `load_inline`/`load` call at all, so no custom kernel can run.
-- `inherits_reference` / `reference_access` (deceptive): `ModelNew(Model)` or any use of `Model` inside ModelNew.
+- `inherits_reference` / `reference_access` (deceptive): `ModelNew(Model)`, any use of `Model` inside ModelNew, or
+  an import of the module the verifier loads the reference as.
 - `try_except_fallback` (deceptive): a `try` with a handler that does not end by re-raising (logging first is
   fine; returning, breaking or continuing before the raise is not), or `contextlib.suppress`; a kernel file has no
   honest need to swallow errors, and every such block seen in the wild was a fallback.
@@ -24,7 +25,10 @@ Policy (each finding is a `Reason` with stage "static"; `deceptive` findings rej
   through another module (`torch.sys.modules`): ways to reach the reference's output or the harness.
 - `process_spawn` (deceptive): `subprocess`/`signal`/`socket`, `os.system`/`fork`/`exec*`/`spawn*`, or fork/popen/
   system/exec from C++: work or interference outside the judged call.
-- `dynamic_code` (deceptive): `__import__`, `eval`, `exec`, `compile`: code these checks cannot read.
+- `dynamic_code` (deceptive): `__import__`, `eval`, `exec`, `compile`, or `getattr` of an imported module with a
+  computed name (`getattr(torch, "s" + "ys")`, `vars(torch)[name]`): code these checks cannot read. A constant
+  name is read as the attribute it names. (Routes remain that no reading of the source closes, `operator.attrgetter`
+  among them: the runtime guard is the check of record.)
 - `tensor_subclass` (deceptive): `__torch_function__`/`__torch_dispatch__`/Tensor subclasses (lazy outputs).
 - `dispatcher_override` (deceptive): kernels registered for PyTorch's own operators (`torch.library` impls or
   `TORCH_LIBRARY_IMPL`/`TORCH_LIBRARY_FRAGMENT` into a namespace the file does not define, e.g. `aten`; backend
@@ -80,6 +84,9 @@ TENSOR_COMPUTE_METHODS = frozenset(
 # torch.ops namespaces that are PyTorch's own kernels, not a candidate's registered custom op.
 BUILTIN_OP_NAMESPACES = ("torch.ops.aten.", "torch.ops.prims.", "torch.ops.quantized.", "torch.ops.higher_order.")
 EXTENSION_LOADERS = frozenset({"load_inline", "load"})
+# The names the verifier's worker imports the reference and the candidate under (worker.run_judge_stage).
+REFERENCE_MODULE = "reference_module"
+CANDIDATE_MODULE = "candidate_module"
 CPP_EXTENSION_MODULE = "torch.utils.cpp_extension"
 THREAD_MODULES = frozenset({"threading", "_thread", "concurrent", "multiprocessing", "asyncio"})
 INTROSPECTION_MODULES = frozenset({"gc", "inspect", "ctypes", "importlib", "builtins", "dice_pipeline"})
@@ -618,15 +625,17 @@ def _check_statements(report: StaticReport, tree: ast.Module, facts: _ModuleFact
             resolved = facts.resolve(node) or ""
             if resolved in ("sys.modules",):
                 report.reject(Status.DECEPTIVE, "frame_or_gc_access", f"line {node.lineno}: reads sys.modules")
-            parts = resolved.split(".")
             # Checked where the chain first reaches the module (`torch.sys`), so `torch.sys.modules` counts once.
-            if len(parts) >= 2 and parts[0] in facts.imported_roots and parts[0] not in REEXPORTED_STDLIB \
-                    and parts[-1] in REEXPORTED_STDLIB:
+            if _reaches_stdlib(resolved, facts):
                 report.reject(Status.DECEPTIVE, "frame_or_gc_access",
                               f"line {node.lineno}: reaches a standard-library module through {resolved}")
             if reference_is_fp32 and resolved.startswith("torch.") and resolved.rsplit(".", 1)[-1] in HALF_DTYPE_ATTRS:
                 report.reject(Status.DECEPTIVE, "precision_downgrade",
                               f"line {node.lineno}: uses {resolved} in an fp32 task")
+        elif isinstance(node, ast.Subscript) and _is_namespace_mapping(node.value, facts) \
+                and not isinstance(node.slice, ast.Constant):
+            report.reject(Status.DECEPTIVE, "dynamic_code",
+                          f"line {node.lineno}: a namespace read with a computed key hides what it reaches")
         elif isinstance(node, ast.Name) and node.id == "__builtins__":
             report.reject(Status.DECEPTIVE, "frame_or_gc_access", f"line {node.lineno}: uses __builtins__")
         elif isinstance(node, ast.FunctionDef) and node.name in TORCH_OVERRIDE_HOOKS:
@@ -636,6 +645,13 @@ def _check_statements(report: StaticReport, tree: ast.Module, facts: _ModuleFact
         elif isinstance(node, ast.ClassDef):
             if any((facts.resolve(b) or "") in ("torch.Tensor", "torch._C.TensorBase") for b in node.bases):
                 report.reject(Status.DECEPTIVE, "tensor_subclass", f"class {node.name} subclasses torch.Tensor")
+
+
+def _reaches_stdlib(resolved: str, facts: _ModuleFacts) -> bool:
+    """`torch.sys`, `np.os`, ...: a standard-library module reached through another imported module."""
+    parts = resolved.split(".")
+    return len(parts) >= 2 and parts[0] in facts.imported_roots and parts[0] not in REEXPORTED_STDLIB \
+        and parts[-1] in REEXPORTED_STDLIB
 
 
 def _handler_reraises(handler: ast.ExceptHandler) -> bool:
@@ -685,6 +701,16 @@ def _check_call(report: StaticReport, node: ast.Call, facts: _ModuleFacts, refer
         report.reject(Status.DECEPTIVE, "monkeypatch", f"line {node.lineno}: mutates a module's or class's namespace")
     elif leaf in PROCESS_CALLS and {"os", "posix", "pty"} & set(resolved.split(".")[:-1]):
         report.reject(Status.DECEPTIVE, "process_spawn", f"line {node.lineno}: calls {resolved}")
+    elif resolved in ("getattr", "builtins.getattr") and len(node.args) >= 2 \
+            and (owner := facts.resolve(node.args[0]) or "").split(".")[0] in facts.imported_roots:
+        name = node.args[1]
+        if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+            report.reject(Status.DECEPTIVE, "dynamic_code",
+                          f"line {node.lineno}: getattr({owner}, <a computed name>) hides what it reaches")
+        elif _reaches_stdlib(f"{owner}.{name.value}", facts):
+            report.reject(Status.DECEPTIVE, "frame_or_gc_access",
+                          f"line {node.lineno}: reaches a standard-library module through getattr({owner}, "
+                          f"{name.value!r})")
     elif resolved in ("__import__", "eval", "exec", "compile", "builtins.__import__"):
         report.reject(Status.DECEPTIVE, "dynamic_code", f"line {node.lineno}: {resolved}() hides code from these checks")
     elif resolved in ("contextlib.suppress", "suppress"):
@@ -704,6 +730,10 @@ def _is_namespace_mapping(node: ast.AST, facts: _ModuleFacts) -> bool:
 
 
 def _check_imports(report: StaticReport, facts: _ModuleFacts) -> None:
+    if facts.imported_roots & {REFERENCE_MODULE, CANDIDATE_MODULE}:
+        report.reject(Status.DECEPTIVE, "reference_access",
+                      "imports the module the verifier loads the reference (or the candidate) as: a way to change "
+                      "what it is compared with")
     for root in sorted(facts.imported_roots & THREAD_MODULES):
         report.reject(Status.DECEPTIVE, "thread_spawn", f"imports {root}: work on another thread escapes the timer")
     for root in sorted(facts.imported_roots & INTROSPECTION_MODULES):

@@ -23,7 +23,7 @@ from dice_pipeline.gpu_pool import SharedGpu
 from dice_pipeline.verify.build_cache import BuildInterceptor, ExtensionCompileError
 from dice_pipeline.verify.config import VerifyConfig
 from dice_pipeline.verify.gpu_share import GpuShareClient
-from dice_pipeline.verify.static_checks import cuda_kernel_names
+from dice_pipeline.verify.static_checks import CANDIDATE_MODULE, REFERENCE_MODULE, cuda_kernel_names
 
 if TYPE_CHECKING:  # imported where used: the harness imports torch
     from dice_pipeline.verify.harness import DispatcherSnapshot
@@ -81,7 +81,7 @@ def needs_gpu(exc: BaseException) -> bool:
 
 def run_build_stage(request: dict[str, Any], interceptor: BuildInterceptor, scratch: Path) -> dict[str, Any]:
     try:
-        _import_source("candidate_module", request["candidate_src"], scratch)
+        _import_source(CANDIDATE_MODULE, request["candidate_src"], scratch)
     except ExtensionCompileError as exc:
         return _compile_failure(interceptor, exc)
     except BaseException as exc:  # noqa: BLE001 - anything the candidate's module code raises is its failure
@@ -264,7 +264,7 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
     phases["cuda_start"] = round(time.perf_counter() - started, 4)
     guard = RuntimeGuard(dispatcher)  # before any task code is imported
     try:
-        reference = _import_source("reference_module", request["reference_src"], scratch)
+        reference = _import_source(REFERENCE_MODULE, request["reference_src"], scratch)
     except BaseException as exc:  # noqa: BLE001
         return {"status": "runtime_error", "reason": {"code": "reference_import_failed", "stage": "correctness",
                                                       "message": "".join(traceback.format_exception(exc))[-3000:]}}
@@ -304,7 +304,7 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
         if not control:
             try:
                 with judge.phase("candidate_import"):
-                    judge.candidate = _import_source("candidate_module", request["candidate_src"], scratch)
+                    judge.candidate = _import_source(CANDIDATE_MODULE, request["candidate_src"], scratch)
             except BaseException as exc:  # noqa: BLE001
                 return _compile_failure(interceptor, exc)
             names = [name for record in interceptor.records

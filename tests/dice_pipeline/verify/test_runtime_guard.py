@@ -1,7 +1,8 @@
-"""CPU tests of the runtime guard's dispatcher check (harness.DispatcherSnapshot) and of what routes op calls: a
-candidate that gives PyTorch's operators its own kernels changes the reference and the output checks alike, so the
-guard compares the dispatcher with a snapshot taken before the candidate was imported. Registrations made here are
-undone in each test (Library._destroy); ones that cannot be undone run in a subprocess."""
+"""CPU tests of the runtime guard (harness.RuntimeGuard) against candidates that change what they are compared with
+rather than compute it: PyTorch's operators given the candidate's kernels (the dispatcher check,
+harness.DispatcherSnapshot), op calls re-routed (modes, autocast), methods added to torch's classes or replaced in
+torch.nn's, nn.Module's global hooks, and the reference's own module and model. Changes made here are undone in
+each test (Library._destroy, delattr, hook handles); ones that cannot be undone run in a subprocess."""
 
 from __future__ import annotations
 
@@ -195,3 +196,115 @@ def test_a_candidate_that_overrides_the_references_operator_is_deceptive_not_cor
     assert judgement.status == Status.DECEPTIVE, judgement.reasons
     assert judgement.reasons[-1].code == "dispatcher_override"
     assert "aten::mul.Tensor [CPU]" in judgement.reasons[-1].message
+
+
+# --- torch's classes, nn.Module's global hooks, the reference's module and model -----------------------------------
+def test_a_method_added_to_torch_tensor_shadows_the_inherited_one_and_is_caught():
+    guard = RuntimeGuard()
+    tensor_class = torch.Tensor  # an alias: the static checks see no assignment to torch
+    setattr(tensor_class, "softmax", lambda self, dim=None, **kwargs: self)
+    try:
+        assert torch.tensor([1.0, 2.0]).softmax(0).tolist() == [1.0, 2.0]  # every softmax is the candidate's now
+        rejection = _rejection(guard)
+        assert rejection.reason.code == "runtime_monkeypatch"
+        assert "torch.Tensor.softmax was added" in rejection.reason.message
+    finally:
+        delattr(tensor_class, "softmax")
+    guard.check("after it was removed")
+
+
+def test_a_torch_nn_layers_forward_replaced_is_caught():
+    guard = RuntimeGuard()
+    layer = torch.nn.Linear
+    original = layer.forward
+    setattr(layer, "forward", lambda self, x: x)
+    try:
+        assert "torch.nn.Linear.forward was replaced" in _rejection(guard).reason.message
+    finally:
+        layer.forward = original
+    guard.check("after restoring")
+
+
+def test_a_global_module_hook_is_caught():
+    guard = RuntimeGuard()
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda module, args, output: output * 0)
+    try:
+        assert "global nn.Module hook" in _rejection(guard).reason.message
+    finally:
+        handle.remove()
+    guard.check("after the hook was removed")
+
+
+def test_data_a_library_caches_on_a_class_is_not_a_patch():
+    import copy
+
+    guard = RuntimeGuard()
+    copy.deepcopy(torch.nn.Linear(2, 2))  # copyreg may cache __slotnames__ (a list) on the class
+    guard.check("after a deepcopy")
+
+
+SIZED_REFERENCE = """
+import torch
+ROWS = 64
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Linear(32, 32, bias=False)
+    def forward(self, x):
+        return self.scale(x) * 2.0
+def get_inputs():
+    return [torch.rand(ROWS, 32)]
+def get_init_inputs():
+    return []
+"""
+
+# Each makes the reference answer what the candidate answers (zeros), by a route the static checks cannot read.
+REFERENCE_REWRITES = {
+    "class_method": ("M = sys.modules['reference_module'].Model\nsetattr(M, 'forward', lambda self, x: x * 0)",
+                     "reference_module.Model.forward was replaced"),
+    "module_size": ("ref = sys.modules['reference_module']\nsetattr(ref, 'ROWS', 1)",
+                    "the reference module's ROWS was changed"),
+    "instance_hook": ("found = [o for o in gc.get_objects() if type(o).__name__ == 'Model']\n"
+                      "found[0].register_forward_hook(lambda module, args, output: output * 0)",
+                      "the reference model's modules"),
+    "layer_class_swapped": ("found = [o for o in gc.get_objects() if type(o).__name__ == 'Model']\n"
+                            "found[0].scale.__class__ = type('Zero', (torch.nn.Linear,), "
+                            "{'forward': lambda self, x: x * 0})",
+                            "the reference model's modules"),
+}
+
+
+def _prepared_judge(reference_src: str, candidate_src: str) -> CandidateJudge:
+    """As the worker runs it: the guard, then the reference's trusted set-up, then the candidate's import."""
+    reference = sys.modules["reference_module"] = _module("reference_module", reference_src)
+    judge = CandidateJudge(reference, None, VerifyConfig(), RuntimeGuard(), ["k"], device=CPU)
+    judge.prepare_reference()
+    judge.candidate = _module("candidate_module", candidate_src)
+    judge.run_profiler_check = lambda: None  # needs CUDA kernels; the GPU tests cover it
+    return judge
+
+
+@pytest.mark.parametrize("route", sorted(REFERENCE_REWRITES))
+def test_a_candidate_that_rewrites_the_reference_is_deceptive(route, monkeypatch):
+    code, expected = REFERENCE_REWRITES[route]
+    monkeypatch.setitem(sys.modules, "reference_module", None)  # restored after the test
+    judge = _prepared_judge(SIZED_REFERENCE, "import gc, sys, torch\n" + code + "\n"
+                            "class ModelNew(torch.nn.Module):\n"
+                            "    def forward(self, x):\n"
+                            "        return torch.zeros(x.shape[0], 32)\n")
+    judgement = judge.run(with_timing=False)
+    assert judgement.status == Status.DECEPTIVE, judgement.reasons
+    assert judgement.reasons[-1].code == "runtime_monkeypatch" and expected in judgement.reasons[-1].message
+
+
+def test_the_reference_left_alone_is_judged_as_before(monkeypatch):
+    monkeypatch.setitem(sys.modules, "reference_module", None)
+    judge = _prepared_judge(SIZED_REFERENCE, "import torch\n"
+                            "class ModelNew(torch.nn.Module):\n"
+                            "    def __init__(self):\n"
+                            "        super().__init__()\n"
+                            "        self.scale = torch.nn.Linear(32, 32, bias=False)\n"
+                            "    def forward(self, x):\n"
+                            "        return self.scale(x) * 2.0\n")
+    judgement = judge.run(with_timing=False)
+    assert judgement.status == Status.CORRECT, judgement.reasons
