@@ -101,6 +101,14 @@ _ROUTING_PROBES = {
     "autograd_fallback_mode": torch._C._get_autograd_fallback_mode,
 }
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+# Where a kernel registered through torch.library's public API is recorded (the API's own frame, not its caller's).
+_PUBLIC_REGISTRATION_FILES = tuple(_TORCH_DIR + name for name in ("library.py", "_library" + os.sep, "_custom_ops.py",
+                                                                  "_ops.py"))
+
+
+def _registered_by_pytorch(where: str) -> bool:
+    """A kernel PyTorch registered for itself: from one of its own files other than the public registration API."""
+    return where.startswith(_TORCH_DIR) and not where.startswith(_PUBLIC_REGISTRATION_FILES)
 
 
 def _dispatch_routing() -> dict[str, Any]:
@@ -129,8 +137,8 @@ class DispatcherSnapshot:
     `torch.library.register_kernel`, `TORCH_LIBRARY_IMPL(aten, CUDA, m)` in its extension) changes what the
     reference computes and what the output checks answer: `overrides` lists every such change. New operators of
     the candidate's own (`TORCH_LIBRARY(myops, m)`, `torch.library.custom_op("myops::f")`) are not overrides, and
-    neither are kernels PyTorch registers for itself when one of its modules is first imported (new entries
-    registered from PyTorch's own files or files the snapshot already knew). Reading it costs about 0.06 s
+    neither are kernels PyTorch registers for itself when one of its modules is first imported (registered from
+    PyTorch's own files other than torch.library's public API, or new entries from files the snapshot knew). Reading it costs about 0.06 s
     (3,600 operators, on the 2-core CPU machine), so the guard reads it twice a judgement, not after every call:
     after the correctness trials (before their verdict; the reference outputs they compare against were made
     after the candidate's import) and after the timed pairs. Kernels registered at import or in `__init__` stay
@@ -168,10 +176,14 @@ class DispatcherSnapshot:
             existing_ops = {op for op, _ in before}
             for (op, key), where in now.items():
                 was = before.get((op, key))
-                if was is None and op in existing_ops and not (
-                        where.startswith(_TORCH_DIR) or where.rsplit(":", 1)[0] in known_files):
+                if was is None and op in existing_ops and (
+                        not (where.startswith(_TORCH_DIR) or where.rsplit(":", 1)[0] in known_files)
+                        # through torch.library's public API: PyTorch's lazy imports add kernels that way too,
+                        # but not to aten's operators (the ones the reference and the checks run)
+                        or (op.startswith("aten::") and key != "Meta" and where.startswith(_PUBLIC_REGISTRATION_FILES))):
                     found.append(f"{op} [{key}]: a kernel registered at {where}")
-                elif was is not None and was != where and not key.endswith("(inactive)"):
+                elif was is not None and was != where and not key.endswith("(inactive)") \
+                        and not _registered_by_pytorch(where):
                     found.append(f"{op} [{key}]: kernel replaced ({was} -> {where})")
             found += [f"{op} [{key}]: kernel removed (was {was})" for (op, key), was in before.items()
                       if (op, key) not in now]
@@ -206,6 +218,11 @@ def _torch_nn_classes() -> dict[str, type]:
 
 
 _MISSING = object()
+# CandidateJudge attributes that hold the same object from the trusted set-up on: what it compares against and how
+# (the reference, its model, the config, the tolerances, the candidate's kernel names) and the harness's own timer,
+# events and device sync.
+JUDGE_FIXED_ATTRIBUTES = ("reference", "ref_model", "config", "guard", "device", "tolerances", "control",
+                          "custom_kernel_names", "gpu_share", "_synchronize", "_event", "_perf_counter")
 
 
 class RuntimeGuard:
@@ -226,6 +243,7 @@ class RuntimeGuard:
             # The harness itself: its functions and the methods of its classes, however a candidate reached them.
             "harness": sys.modules[__name__],
             **{f"harness.{cls.__name__}": cls for cls in (CandidateJudge, RuntimeGuard, Comparison, Judgement)},
+            "GpuShareClient": GpuShareClient,  # the timed sections' exclusive use of the GPU
             **_torch_nn_classes(),
         }
         self.identities: dict[tuple[str, str], int] = {}
@@ -235,6 +253,7 @@ class RuntimeGuard:
         self.module_hooks = _global_module_hooks()
         self.reference: tuple[ModuleType, dict[str, Any]] | None = None  # the module and its simple values
         self.model: tuple[torch.nn.Module, list[tuple[Any, ...]]] | None = None
+        self.judge: tuple[CandidateJudge, dict[str, int], dict[str, Any]] | None = None
         self.flags = _flags_snapshot()
         self.routing = _dispatch_routing()
         self.threads = threading.active_count()
@@ -266,6 +285,17 @@ class RuntimeGuard:
                     self._snapshot(f"{cls.__module__}.{cls.__qualname__}", cls)
         self.model = (model, _model_state(model))
 
+    def watch_judge(self, judge: CandidateJudge, *, fields: tuple[str, ...] = ()) -> None:
+        """Also guard the judge's own state (a candidate that found it, through the garbage collector say, could
+        swap the reference model, loosen the config or replace the harness's timer): the objects its fixed
+        attributes hold and the config's values. `fields`: those set again by trusted code since (the worker sets
+        the candidate's kernel names after its build), taken anew and the rest left as first taken."""
+        ids = {name: id(getattr(judge, name)) for name in JUDGE_FIXED_ATTRIBUTES}
+        if self.judge is None or self.judge[0] is not judge:
+            self.judge = (judge, ids, judge.config.to_dict())
+        else:
+            self.judge[1].update({name: ids[name] for name in fields})
+
     def check(self, when: str, *, dispatcher: bool = False) -> None:
         """Reject any change since the snapshot; `dispatcher` also reads the dispatcher's kernels (0.06 s: at the
         end of a stage, see DispatcherSnapshot)."""
@@ -291,6 +321,13 @@ class RuntimeGuard:
                 raise patched(f"the reference module's {changed[0]} was changed")
         if self.model is not None and _model_state(self.model[0]) != self.model[1]:
             raise patched("the reference model's modules (their classes, hooks or instance methods) were changed")
+        if self.judge is not None:
+            judge, ids, config = self.judge
+            swapped = [name for name, ident in ids.items() if id(getattr(judge, name, None)) != ident]
+            if swapped:
+                raise patched(f"the harness's own {swapped[0]} was replaced")
+            if judge.config.to_dict() != config:
+                raise patched("the judgement's config was changed")
         flags = _flags_snapshot()
         changed = {k: (self.flags[k], v) for k, v in flags.items() if self.flags[k] != v}
         if changed:
@@ -716,7 +753,7 @@ class CandidateJudge:
         self.candidate = candidate
         self.config = config
         self.guard = guard
-        self.custom_kernel_names = custom_kernel_names
+        self.custom_kernel_names = tuple(custom_kernel_names)  # a tuple: the guard watches the object (watch_judge)
         self.control = control
         # A CPU device runs the correctness path only (the harness's own tests); judgements run on CUDA.
         self.device = device or torch.device("cuda", torch.cuda.current_device())
@@ -829,6 +866,7 @@ class CandidateJudge:
             torch.manual_seed(cfg.seed)
             self.ref_model = self.reference.Model(*init_inputs).to(self.device)
             self.guard.watch_reference(self.reference, self.ref_model)
+            self.guard.watch_judge(self)
         except Rejection:
             raise
         except Exception as exc:  # noqa: BLE001 - a broken reference is reported, not raised

@@ -309,7 +309,9 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
                 return _compile_failure(interceptor, exc)
             names = [name for record in interceptor.records
                      for name in cuda_kernel_names("\n".join(record.cuda_sources))]
-            judge.custom_kernel_names = list(dict.fromkeys(names + judge.custom_kernel_names))
+            # From the build's records and the request, not from the judge's state the candidate's import could reach.
+            judge.custom_kernel_names = tuple(dict.fromkeys(names + list(request.get("static_kernel_names", []))))
+            guard.watch_judge(judge, fields=("custom_kernel_names",))
         try:
             guard.check("while importing the candidate")
         except Rejection as rejection:

@@ -111,6 +111,10 @@ def test_register_kernel_on_a_pytorch_operator_is_caught_and_pytorchs_own_lazy_r
         torch.library.register_kernel("aten::relu", "cpu", lambda x: x)
         found = snapshot.overrides()
         assert len(found) == 1 and found[0].startswith("aten::relu [CPU]: kernel replaced"), found
+        snapshot = DispatcherSnapshot()
+        torch.library.register_kernel("aten::linear", "cpu", lambda x, w, b=None: x)  # a key linear had not
+        found = snapshot.overrides()
+        assert len(found) == 1 and found[0].startswith("aten::linear [CPU]: a kernel registered at"), found
         print("ok")
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
@@ -264,10 +268,10 @@ REFERENCE_REWRITES = {
                      "reference_module.Model.forward was replaced"),
     "module_size": ("ref = sys.modules['reference_module']\nsetattr(ref, 'ROWS', 1)",
                     "the reference module's ROWS was changed"),
-    "instance_hook": ("found = [o for o in gc.get_objects() if type(o).__name__ == 'Model']\n"
+    "instance_hook": ("found = [o for o in gc.get_objects() if type(o) is sys.modules['reference_module'].Model]\n"
                       "found[0].register_forward_hook(lambda module, args, output: output * 0)",
                       "the reference model's modules"),
-    "layer_class_swapped": ("found = [o for o in gc.get_objects() if type(o).__name__ == 'Model']\n"
+    "layer_class_swapped": ("found = [o for o in gc.get_objects() if type(o) is sys.modules['reference_module'].Model]\n"
                             "found[0].scale.__class__ = type('Zero', (torch.nn.Linear,), "
                             "{'forward': lambda self, x: x * 0})",
                             "the reference model's modules"),
@@ -308,3 +312,46 @@ def test_the_reference_left_alone_is_judged_as_before(monkeypatch):
                             "        return self.scale(x) * 2.0\n")
     judgement = judge.run(with_timing=False)
     assert judgement.status == Status.CORRECT, judgement.reasons
+
+
+# The judge found through the garbage collector: what it compares with, how, and its own timer.
+JUDGE_REWRITES = {
+    "reference_model_swapped": ("judge.ref_model = judge.ref_model.__class__()", "the harness's own ref_model"),
+    "tolerance_loosened": ("judge.tolerances = (1e9, 1e9)", "the harness's own tolerances"),
+    "config_changed": ("judge.config.correctness_trials = 1", "the judgement's config was changed"),
+    "timer_replaced": ("judge._perf_counter = lambda: 0.0", "the harness's own _perf_counter"),
+}
+
+
+@pytest.mark.parametrize("route", sorted(JUDGE_REWRITES))
+def test_a_candidate_that_rewrites_the_judge_is_deceptive(route, monkeypatch):
+    code, expected = JUDGE_REWRITES[route]
+    monkeypatch.setitem(sys.modules, "reference_module", None)
+    judge = _prepared_judge(SIZED_REFERENCE, "import gc, torch\n"
+                            "class ModelNew(torch.nn.Module):\n"
+                            "    def __init__(self):\n"
+                            "        super().__init__()\n"
+                            "        self.scale = torch.nn.Linear(32, 32, bias=False)\n"
+                            "    def forward(self, x):\n"
+                            "        judge = next(o for o in gc.get_objects() if type(o).__name__ == 'CandidateJudge'\n"
+                            "                     and getattr(o, 'cand_model', None) is self)\n"
+                            f"        {code}\n"
+                            "        return self.scale(x) * 2.0\n")
+    judgement = judge.run(with_timing=False)
+    assert judgement.status == Status.DECEPTIVE, judgement.reasons
+    assert judgement.reasons[-1].code == "runtime_monkeypatch" and expected in judgement.reasons[-1].message
+
+
+def test_the_candidates_kernel_names_set_by_the_worker_after_its_build_are_not_a_change():
+    reference = _module("reference_module", SIZED_REFERENCE)
+    guard = RuntimeGuard()
+    judge = CandidateJudge(reference, None, VerifyConfig(), guard, ["static_kernel"], device=CPU)
+    judge.prepare_reference()
+    judge.custom_kernel_names = ("built_kernel", "static_kernel")  # as worker.run_judge_stage does
+    with pytest.raises(Rejection):
+        guard.check("before the worker says so")
+    guard.watch_judge(judge, fields=("custom_kernel_names",))
+    guard.check("after")
+    judge.config = VerifyConfig()  # and the other fields stay as first taken
+    with pytest.raises(Rejection):
+        guard.check("after the config object was swapped")
