@@ -139,11 +139,13 @@ class DispatcherSnapshot:
     the candidate's own (`TORCH_LIBRARY(myops, m)`, `torch.library.custom_op("myops::f")`) are not overrides, and
     neither are kernels PyTorch registers for itself when one of its modules is first imported (registered from
     PyTorch's own files other than torch.library's public API, or new entries from files the snapshot knew). Reading it costs about 0.06 s
-    (3,600 operators, on the 2-core CPU machine), so the guard reads it twice a judgement, not after every call:
-    after the correctness trials (before their verdict; the reference outputs they compare against were made
-    after the candidate's import) and after the timed pairs. Kernels registered at import or in `__init__` stay
-    registered until then; one registered and removed again within a stage would have to guess when the stage
-    ends to help its verdict."""
+    (3,600 operators, on the 2-core CPU machine), so the guard reads it once a judgement, not after every call:
+    after the timed pairs, once the GPU is given back (before any verdict: a kernel registered at import, in
+    `__init__` or in a call is still registered then), or after the correctness trials of a judgement without
+    timing (the RL reward's). One registered and removed again before the end could only have faked the
+    correctness trials, and the timed pairs check every timed output on fresh inputs."""
+
+    __slots__ = ("dumps", "fallbacks", "_entries")  # no instance attribute can shadow `overrides`
 
     def __init__(self) -> None:
         self.dumps = self._dumps()
@@ -211,6 +213,12 @@ def _model_state(model: torch.nn.Module) -> list[tuple[Any, ...]]:
             for module in model.modules()]
 
 
+def _instance_functions(obj: Any) -> dict[str, Any]:
+    """Callables set on an instance (they shadow its class's methods); the models it holds are not among them."""
+    return {key: value for key, value in vars(obj).items()
+            if callable(value) and not isinstance(value, torch.nn.Module)}
+
+
 def _torch_nn_classes() -> dict[str, type]:
     """torch.nn's module classes (Linear, Conv2d, ...): the reference's layers call their `forward`."""
     return {f"torch.nn.{name}": value for name, value in vars(torch.nn).items()
@@ -230,7 +238,11 @@ class RuntimeGuard:
     `watch_reference` ran, the reference's), methods added to those classes (one shadows an inherited method: a
     `softmax` set on torch.Tensor), nn.Module's global hooks, the global math flags, what routes op calls and (with
     `dispatcher`) the dispatcher's kernels, captured before the candidate is imported; `check` rejects any change.
-    The harness itself only uses references it took before that."""
+    The harness itself only uses references it took before that. Slots, so no instance attribute shadows `check`,
+    and `check` first verifies the guard's own state (`_own_state`)."""
+
+    __slots__ = ("namespaces", "identities", "class_keys", "module_hooks", "reference", "model", "judge", "flags",
+                 "routing", "threads", "dispatcher", "own_state")
 
     def __init__(self, dispatcher: DispatcherSnapshot | None = None) -> None:
         import builtins
@@ -242,7 +254,8 @@ class RuntimeGuard:
             "statistics": statistics, "math": math,
             # The harness itself: its functions and the methods of its classes, however a candidate reached them.
             "harness": sys.modules[__name__],
-            **{f"harness.{cls.__name__}": cls for cls in (CandidateJudge, RuntimeGuard, Comparison, Judgement)},
+            **{f"harness.{cls.__name__}": cls
+               for cls in (CandidateJudge, RuntimeGuard, DispatcherSnapshot, Comparison, Judgement)},
             "GpuShareClient": GpuShareClient,  # the timed sections' exclusive use of the GPU
             **_torch_nn_classes(),
         }
@@ -259,6 +272,13 @@ class RuntimeGuard:
         self.threads = threading.active_count()
         # Taken before the worker's go where it was prestarted (worker.py), else now.
         self.dispatcher = dispatcher or DispatcherSnapshot()
+        self.own_state = self._own_state()
+
+    def _own_state(self) -> tuple[Any, ...]:
+        """The guard's own containers and snapshots: swapped, or grown or shrunk in place, the guard is disarmed."""
+        parts = (self.namespaces, self.identities, self.class_keys, self.module_hooks, self.flags, self.routing,
+                 self.dispatcher, self.reference, self.model, self.judge)
+        return (*map(id, parts), len(self.identities), len(self.class_keys), len(self.namespaces), self.threads)
 
     def _snapshot(self, ns_name: str, namespace: Any) -> None:
         self.namespaces[ns_name] = namespace
@@ -284,6 +304,7 @@ class RuntimeGuard:
                     watched.add(id(cls))
                     self._snapshot(f"{cls.__module__}.{cls.__qualname__}", cls)
         self.model = (model, _model_state(model))
+        self.own_state = self._own_state()
 
     def watch_judge(self, judge: CandidateJudge, *, fields: tuple[str, ...] = ()) -> None:
         """Also guard the judge's own state (a candidate that found it, through the garbage collector say, could
@@ -291,16 +312,22 @@ class RuntimeGuard:
         attributes hold and the config's values. `fields`: those set again by trusted code since (the worker sets
         the candidate's kernel names after its build), taken anew and the rest left as first taken."""
         ids = {name: id(getattr(judge, name)) for name in JUDGE_FIXED_ATTRIBUTES}
+        # callables set on the instance shadow the class's methods (a `run_profiler_check` that does nothing)
+        ids.update({f"callable {key}": id(value) for key, value in _instance_functions(judge).items()})
         if self.judge is None or self.judge[0] is not judge:
             self.judge = (judge, ids, judge.config.to_dict())
         else:
             self.judge[1].update({name: ids[name] for name in fields})
+        self.own_state = self._own_state()
 
     def check(self, when: str, *, dispatcher: bool = False) -> None:
         """Reject any change since the snapshot; `dispatcher` also reads the dispatcher's kernels (0.06 s: at the
         end of a stage, see DispatcherSnapshot)."""
         def patched(what: str) -> Rejection:
             return Rejection(Status.DECEPTIVE, "runtime_monkeypatch", f"{what} {when}", "anti_gaming")
+
+        if self._own_state() != self.own_state:
+            raise patched("the runtime guard's own state was changed")
 
         for (ns_name, key), ident in self.identities.items():
             if id(vars(self.namespaces[ns_name]).get(key)) != ident:
@@ -323,9 +350,12 @@ class RuntimeGuard:
             raise patched("the reference model's modules (their classes, hooks or instance methods) were changed")
         if self.judge is not None:
             judge, ids, config = self.judge
-            swapped = [name for name, ident in ids.items() if id(getattr(judge, name, None)) != ident]
+            now = _instance_functions(judge)
+            swapped = [name for name, ident in ids.items() if id(now.get(name[len("callable "):], _MISSING)
+                       if name.startswith("callable ") else getattr(judge, name, None)) != ident]
+            swapped += [f"{key} (set on the judge)" for key in now if f"callable {key}" not in ids]
             if swapped:
-                raise patched(f"the harness's own {swapped[0]} was replaced")
+                raise patched(f"the harness's own {swapped[0].removeprefix('callable ')} was replaced")
             if judge.config.to_dict() != config:
                 raise patched("the judgement's config was changed")
         flags = _flags_snapshot()
@@ -1034,9 +1064,6 @@ class CandidateJudge:
             decided += all(c.passes[policy_tol] for c in trial_cmp)
             self.policy_tolerance = policy_tol
         del earlier_refs
-        # Before any verdict of these trials: kernels the candidate gave PyTorch's operators would have changed the
-        # reference's outputs and the checks' answers alike.
-        self.guard.check("during the correctness trials", dispatcher=True)
         worst = next((c for c in comparisons if c.problem), None) or max(comparisons, key=lambda c: c.max_abs_diff)
         j.fields.update(max_abs_diff=worst.max_abs_diff, mean_abs_diff=worst.mean_abs_diff,
                         correct_at_1e2=passed[TOLERANCE_LOOSE] == cfg.correctness_trials,
@@ -1181,6 +1208,9 @@ class CandidateJudge:
             setup = self._timing_setup()
         with self.alone("timing", last_gpu_use=last_gpu_use):
             self._run_timed_pairs(*setup)
+        # Outside the section that has the GPU alone: the read is 0.06 s of CPU work the other lanes' timed
+        # sections would wait for. Kernels the candidate gave PyTorch's operators at any point still hold now.
+        self.guard.check("during the correctness trials and timing", dispatcher=True)
 
     def _timing_setup(self) -> tuple[torch.Tensor, list[Any], bool]:
         """(L2 flush buffer, input buffers, whether get_inputs() can draw on the device): the first device draw
@@ -1331,7 +1361,7 @@ class CandidateJudge:
                     if (sample >= cfg.timing_samples and precise) or out_of_time or sample >= cfg.timing_max_samples:
                         break
         timing_end = self._perf_counter()
-        self.guard.check("during timing", dispatcher=True)
+        self.guard.check("during timing")
         chosen = cfg.speedup_convention
         stats = {c: (timing_stats(times[c]["ref"]), timing_stats(times[c]["cand"])) for c in ("gpu", "host")}
         speedups = {c: statistics.median(ratios[c]) for c in ("gpu", "host")}
@@ -1457,6 +1487,8 @@ class CandidateJudge:
                     self._build_candidate()
                 with self.phase("correctness"):
                     self.run_correctness()
+                    if not with_timing:  # a correctness-only judgement (the RL reward's): the read timing makes
+                        self.guard.check("during the correctness trials", dispatcher=True)
                 if not self.control:
                     stage = "anti_gaming"
                     with self.phase("profiler"):

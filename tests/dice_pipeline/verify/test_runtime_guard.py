@@ -282,9 +282,9 @@ def _prepared_judge(reference_src: str, candidate_src: str) -> CandidateJudge:
     """As the worker runs it: the guard, then the reference's trusted set-up, then the candidate's import."""
     reference = sys.modules["reference_module"] = _module("reference_module", reference_src)
     judge = CandidateJudge(reference, None, VerifyConfig(), RuntimeGuard(), ["k"], device=CPU)
+    judge.run_profiler_check = lambda: None  # needs CUDA kernels (the GPU tests cover it); set before the guard sees it
     judge.prepare_reference()
     judge.candidate = _module("candidate_module", candidate_src)
-    judge.run_profiler_check = lambda: None  # needs CUDA kernels; the GPU tests cover it
     return judge
 
 
@@ -320,6 +320,9 @@ JUDGE_REWRITES = {
     "tolerance_loosened": ("judge.tolerances = (1e9, 1e9)", "the harness's own tolerances"),
     "config_changed": ("judge.config.correctness_trials = 1", "the judgement's config was changed"),
     "timer_replaced": ("judge._perf_counter = lambda: 0.0", "the harness's own _perf_counter"),
+    "profiler_pass_skipped": ("judge.run_profiler_check = lambda: None", "the harness's own run_profiler_check"),
+    "method_shadowed": ("judge._call_reference = lambda inputs, seed: judge.cand_model(*inputs)",
+                        "_call_reference (set on the judge)"),
 }
 
 
@@ -355,3 +358,18 @@ def test_the_candidates_kernel_names_set_by_the_worker_after_its_build_are_not_a
     judge.config = VerifyConfig()  # and the other fields stay as first taken
     with pytest.raises(Rejection):
         guard.check("after the config object was swapped")
+
+
+def test_a_guard_disarmed_in_place_is_caught_and_its_methods_cannot_be_shadowed():
+    guard = RuntimeGuard()
+    saved = dict(guard.identities)
+    guard.identities.clear()  # nothing left to compare: every patch would pass
+    try:
+        assert "the runtime guard's own state was changed" in _rejection(guard).reason.message
+    finally:
+        guard.identities.update(saved)
+    guard.check("after restoring")
+    with pytest.raises(AttributeError):
+        guard.check = lambda *args, **kwargs: None  # slots: no instance attribute can stand in for the method
+    with pytest.raises(AttributeError):
+        guard.dispatcher.overrides = lambda: []

@@ -729,6 +729,28 @@ def test_the_timing_set_up_runs_beside_other_lanes_and_only_the_timed_pairs_have
     assert {"timing_setup", "gpu_wait_for_timing", "timing"} <= set(phases)
 
 
+def test_the_dispatcher_is_read_once_a_judgement_after_the_gpu_is_given_back(monkeypatch):
+    # The read is 0.06 s of CPU work: inside the timed section, every other lane's timed section would wait for it.
+    from dice_pipeline.verify.harness import DispatcherSnapshot
+
+    reads: list[bool] = []
+    real = DispatcherSnapshot.overrides
+    holder: dict[str, CandidateJudge] = {}
+
+    def recorded(self):
+        reads.append(holder["judge"].gpu_share.alone)
+        return real(self)
+
+    monkeypatch.setattr(DispatcherSnapshot, "overrides", recorded)  # before the guard takes its snapshot
+    holder["judge"] = judge = _timing_judge()
+    assert judge.run().status == Status.CORRECT
+    assert reads == [False]
+    holder["judge"] = correctness_only = _judge(HONEST)  # the RL reward's judgement: read after the trials
+    correctness_only.gpu_share = _RecordingShare()
+    assert correctness_only.run(with_timing=False).status == Status.CORRECT
+    assert reads == [False, False]
+
+
 # Correct on every call the correctness trials make, then it starts writing into its input: only timed calls see it.
 MUTATES_WHEN_TIMED = """
 import torch
