@@ -896,7 +896,7 @@ class CandidateJudge:
             torch.manual_seed(cfg.seed)
             self.ref_model = self.reference.Model(*init_inputs).to(self.device)
             self.guard.watch_reference(self.reference, self.ref_model)
-            self.guard.watch_judge(self)
+            self.guard.watch_judge(self, fields=("ref_model",))  # built anew after release_prepared()
         except Rejection:
             raise
         except Exception as exc:  # noqa: BLE001 - a broken reference is reported, not raised

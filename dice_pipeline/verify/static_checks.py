@@ -103,6 +103,7 @@ MAPPING_MUTATORS = frozenset({"update", "setdefault", "__setitem__", "__delitem_
 GLOBAL_FLAG_CALLS = frozenset(
     {
         "torch.set_float32_matmul_precision", "torch.set_default_dtype", "torch.set_default_tensor_type",
+        "torch.set_default_device",
         "torch.use_deterministic_algorithms", "torch.set_flush_denormal", "torch.backends.cudnn.flags",
         "torch.backends.cuda.sdp_kernel", "torch.backends.cuda.enable_flash_sdp",
         "torch.backends.cuda.enable_math_sdp", "torch.backends.cuda.enable_mem_efficient_sdp",

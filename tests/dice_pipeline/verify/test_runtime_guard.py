@@ -373,3 +373,15 @@ def test_a_guard_disarmed_in_place_is_caught_and_its_methods_cannot_be_shadowed(
         guard.check = lambda *args, **kwargs: None  # slots: no instance attribute can stand in for the method
     with pytest.raises(AttributeError):
         guard.dispatcher.overrides = lambda: []
+
+
+def test_the_reference_built_again_by_the_trusted_set_up_is_not_a_swap():
+    # worker.run_judge_stage releases the prepared reference before it waits for the whole GPU, then prepares it
+    # again: a new model object, taken anew by the guard.
+    reference = _module("reference_module", SIZED_REFERENCE)
+    guard = RuntimeGuard()
+    judge = CandidateJudge(reference, None, VerifyConfig(), guard, ["k"], device=CPU)
+    judge.prepare_reference()
+    judge.release_prepared()
+    judge.prepare_reference()
+    guard.check("after the second set-up")
