@@ -219,6 +219,16 @@ def _instance_functions(obj: Any) -> dict[str, Any]:
             if callable(value) and not isinstance(value, torch.nn.Module)}
 
 
+def _parameter_fingerprint(model: torch.nn.Module) -> list[tuple[Any, ...]]:
+    """Per parameter of a model: the tensor object, its storage, and its sum and 2-norm in float64 (no full-size
+    copy). A candidate that found the reference model could zero its weights in place and answer zeros itself.
+    Buffers are left out: a BatchNorm in training mode updates its running statistics on every call."""
+    with torch.no_grad():
+        # float.hex: a NaN in an uninitialised (torch.empty) parameter equals itself
+        return [(name, id(p), p.data_ptr(), tuple(p.shape), float(p.sum(dtype=torch.float64)).hex(),
+                 float(_VECTOR_NORM(p, 2, dtype=torch.float64)).hex()) for name, p in model.named_parameters()]
+
+
 def _torch_nn_classes() -> dict[str, type]:
     """torch.nn's module classes (Linear, Conv2d, ...): the reference's layers call their `forward`."""
     return {f"torch.nn.{name}": value for name, value in vars(torch.nn).items()
@@ -237,7 +247,8 @@ class RuntimeGuard:
     """Identities of the callables a cheat would patch (torch's, torch.nn's classes', the harness's, and once
     `watch_reference` ran, the reference's), methods added to those classes (one shadows an inherited method: a
     `softmax` set on torch.Tensor), nn.Module's global hooks, the global math flags, what routes op calls and (with
-    `dispatcher`) the dispatcher's kernels, captured before the candidate is imported; `check` rejects any change.
+    `thorough`) the dispatcher's kernels and the reference's parameters, captured before the candidate is imported;
+    `check` rejects any change.
     The harness itself only uses references it took before that. Slots, so no instance attribute shadows `check`,
     and `check` first verifies the guard's own state (`_own_state`)."""
 
@@ -265,7 +276,7 @@ class RuntimeGuard:
             self._snapshot(ns_name, ns)
         self.module_hooks = _global_module_hooks()
         self.reference: tuple[ModuleType, dict[str, Any]] | None = None  # the module and its simple values
-        self.model: tuple[torch.nn.Module, list[tuple[Any, ...]]] | None = None
+        self.model: tuple[torch.nn.Module, list[tuple[Any, ...]], list[tuple[Any, ...]]] | None = None
         self.judge: tuple[CandidateJudge, dict[str, int], dict[str, Any]] | None = None
         self.flags = _flags_snapshot()
         self.routing = _dispatch_routing()
@@ -303,7 +314,7 @@ class RuntimeGuard:
                 if cls is not object and id(cls) not in watched:
                     watched.add(id(cls))
                     self._snapshot(f"{cls.__module__}.{cls.__qualname__}", cls)
-        self.model = (model, _model_state(model))
+        self.model = (model, _model_state(model), _parameter_fingerprint(model))
         self.own_state = self._own_state()
 
     def watch_judge(self, judge: CandidateJudge, *, fields: tuple[str, ...] = ()) -> None:
@@ -320,9 +331,9 @@ class RuntimeGuard:
             self.judge[1].update({name: ids[name] for name in fields})
         self.own_state = self._own_state()
 
-    def check(self, when: str, *, dispatcher: bool = False) -> None:
-        """Reject any change since the snapshot; `dispatcher` also reads the dispatcher's kernels (0.06 s: at the
-        end of a stage, see DispatcherSnapshot)."""
+    def check(self, when: str, *, thorough: bool = False) -> None:
+        """Reject any change since the snapshot; `thorough` also reads the dispatcher's kernels (0.06 s) and the
+        reference model's parameters (a pass over them on the device): once a judgement, see DispatcherSnapshot."""
         def patched(what: str) -> Rejection:
             return Rejection(Status.DECEPTIVE, "runtime_monkeypatch", f"{what} {when}", "anti_gaming")
 
@@ -369,7 +380,9 @@ class RuntimeGuard:
         if rerouted:
             raise Rejection(Status.DECEPTIVE, "dispatcher_override",
                             f"what routes PyTorch's op calls changed {when}: {rerouted}", "anti_gaming")
-        overrides = self.dispatcher.overrides() if dispatcher else []
+        if thorough and self.model is not None and _parameter_fingerprint(self.model[0]) != self.model[2]:
+            raise patched("the reference model's parameters were changed")
+        overrides = self.dispatcher.overrides() if thorough else []
         if overrides:
             shown = "; ".join(overrides[:5]) + (f"; and {len(overrides) - 5} more" if len(overrides) > 5 else "")
             raise Rejection(Status.DECEPTIVE, "dispatcher_override",
@@ -1210,7 +1223,7 @@ class CandidateJudge:
             self._run_timed_pairs(*setup)
         # Outside the section that has the GPU alone: the read is 0.06 s of CPU work the other lanes' timed
         # sections would wait for. Kernels the candidate gave PyTorch's operators at any point still hold now.
-        self.guard.check("during the correctness trials and timing", dispatcher=True)
+        self.guard.check("during the correctness trials and timing", thorough=True)
 
     def _timing_setup(self) -> tuple[torch.Tensor, list[Any], bool]:
         """(L2 flush buffer, input buffers, whether get_inputs() can draw on the device): the first device draw
@@ -1488,7 +1501,7 @@ class CandidateJudge:
                 with self.phase("correctness"):
                     self.run_correctness()
                     if not with_timing:  # a correctness-only judgement (the RL reward's): the read timing makes
-                        self.guard.check("during the correctness trials", dispatcher=True)
+                        self.guard.check("during the correctness trials", thorough=True)
                 if not self.control:
                     stage = "anti_gaming"
                     with self.phase("profiler"):

@@ -44,7 +44,7 @@ def test_a_replaced_kernel_of_an_existing_operator_is_a_dispatcher_override(aten
     aten_library.impl("relu", lambda x: torch.zeros_like(x), "CPU")
     assert torch.relu(torch.tensor([3.0])).item() == 0.0  # the reference's relu would now be the candidate's
     guard.check("between calls")  # the cheap check (no dispatcher read) does not look
-    rejection = _rejection(guard, dispatcher=True)
+    rejection = _rejection(guard, thorough=True)
     assert rejection.status == Status.DECEPTIVE and rejection.reason.code == "dispatcher_override"
     assert "aten::relu [CPU]: kernel replaced" in rejection.reason.message
 
@@ -52,7 +52,7 @@ def test_a_replaced_kernel_of_an_existing_operator_is_a_dispatcher_override(aten
 def test_a_new_kernel_for_an_existing_operator_is_a_dispatcher_override(aten_library):
     guard = RuntimeGuard()
     aten_library.impl("linear", lambda x, w, b=None: x, "CPU")  # linear had no CPU kernel (composite): now it has
-    rejection = _rejection(guard, dispatcher=True)
+    rejection = _rejection(guard, thorough=True)
     assert "aten::linear [CPU]: a kernel registered at" in rejection.reason.message and __file__ in rejection.reason.message
 
 
@@ -61,10 +61,10 @@ def test_a_backend_fallback_is_a_dispatcher_override():
     library = torch.library.Library("_", "IMPL")
     try:
         library.fallback(lambda *args, **kwargs: None, dispatch_key="CPU")
-        assert "backend fallback added for DispatchKey.CPU" in _rejection(guard, dispatcher=True).reason.message
+        assert "backend fallback added for DispatchKey.CPU" in _rejection(guard, thorough=True).reason.message
     finally:
         library._destroy()
-    guard.check("after the fallback went", dispatcher=True)
+    guard.check("after the fallback went", thorough=True)
 
 
 def test_the_dispatcher_back_as_it_was_passes(aten_library):
@@ -74,7 +74,7 @@ def test_the_dispatcher_back_as_it_was_passes(aten_library):
         warnings.simplefilter("ignore")
         other.impl("relu", lambda x: x, "CPU")
     other._destroy()
-    guard.check("after the override was undone", dispatcher=True)
+    guard.check("after the override was undone", thorough=True)
 
 
 def test_the_candidates_own_operators_are_not_overrides():
@@ -85,8 +85,8 @@ def test_the_candidates_own_operators_are_not_overrides():
         library.define("scale(Tensor x) -> Tensor")
         library.impl("scale", lambda x: x * 2, "CPU")
         assert getattr(torch.ops, namespace).scale(torch.ones(2)).tolist() == [2.0, 2.0]
-        guard.check("after registering its own operator", dispatcher=True)
-        guard.check("and again (the new state is the snapshot now)", dispatcher=True)
+        guard.check("after registering its own operator", thorough=True)
+        guard.check("and again (the new state is the snapshot now)", thorough=True)
     finally:
         library._destroy()
 
@@ -271,6 +271,9 @@ REFERENCE_REWRITES = {
     "instance_hook": ("found = [o for o in gc.get_objects() if type(o) is sys.modules['reference_module'].Model]\n"
                       "found[0].register_forward_hook(lambda module, args, output: output * 0)",
                       "the reference model's modules"),
+    "weights_zeroed_in_place": ("found = [o for o in gc.get_objects() if type(o) is sys.modules['reference_module'].Model]\n"
+                                "torch.nn.init.zeros_(found[0].scale.weight)",
+                                "the reference model's parameters were changed"),
     "layer_class_swapped": ("found = [o for o in gc.get_objects() if type(o) is sys.modules['reference_module'].Model]\n"
                             "found[0].scale.__class__ = type('Zero', (torch.nn.Linear,), "
                             "{'forward': lambda self, x: x * 0})",
@@ -385,3 +388,14 @@ def test_the_reference_built_again_by_the_trusted_set_up_is_not_a_swap():
     judge.release_prepared()
     judge.prepare_reference()
     guard.check("after the second set-up")
+
+
+def test_a_reference_with_uninitialised_parameters_is_not_a_change():
+    reference = _module("reference_module", SIZED_REFERENCE.replace(
+        "self.scale = torch.nn.Linear(32, 32, bias=False)",
+        "self.scale = torch.nn.Linear(32, 32, bias=False)\n"
+        "        self.extra = torch.nn.Parameter(torch.full((4,), float('nan')))"))
+    guard = RuntimeGuard()
+    judge = CandidateJudge(reference, None, VerifyConfig(), guard, ["k"], device=CPU)
+    judge.prepare_reference()
+    guard.check("with a NaN parameter", thorough=True)
