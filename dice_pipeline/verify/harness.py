@@ -138,8 +138,9 @@ class DispatcherSnapshot:
     reference computes and what the output checks answer: `overrides` lists every such change. New operators of
     the candidate's own (`TORCH_LIBRARY(myops, m)`, `torch.library.custom_op("myops::f")`) are not overrides, and
     neither are kernels PyTorch registers for itself when one of its modules is first imported (registered from
-    PyTorch's own files other than torch.library's public API, or new entries from files the snapshot knew). Reading it costs about 0.06 s
-    (3,600 operators, on the 2-core CPU machine), so the guard reads it once a judgement, not after every call:
+    PyTorch's own files other than torch.library's public API, or new entries from files the snapshot knew).
+    Reading it costs about 0.06 s (3,600 operators, on the 2-core CPU machine), so the guard reads it once a
+    judgement, not after every call:
     after the timed pairs, once the GPU is given back (before any verdict: a kernel registered at import, in
     `__init__` or in a call is still registered then), or after the correctness trials of a judgement without
     timing (the RL reward's). One registered and removed again before the end could only have faked the
@@ -237,10 +238,10 @@ def _torch_nn_classes() -> dict[str, type]:
 
 _MISSING = object()
 # CandidateJudge attributes that hold the same object from the trusted set-up on: what it compares against and how
-# (the reference, its model, the config, the tolerances, the candidate's kernel names) and the harness's own timer,
-# events and device sync.
+# (the reference, its model, the config, the tolerances, the candidate's kernel names, the GPU's gate). The
+# harness's own timer, events and device sync are callables set on the instance: watched as those (watch_judge).
 JUDGE_FIXED_ATTRIBUTES = ("reference", "ref_model", "config", "guard", "device", "tolerances", "control",
-                          "custom_kernel_names", "gpu_share", "_synchronize", "_event", "_perf_counter")
+                          "custom_kernel_names", "gpu_share")
 
 
 class RuntimeGuard:
@@ -277,7 +278,8 @@ class RuntimeGuard:
         self.module_hooks = _global_module_hooks()
         self.reference: tuple[ModuleType, dict[str, Any]] | None = None  # the module and its simple values
         self.model: tuple[torch.nn.Module, list[tuple[Any, ...]], list[tuple[Any, ...]]] | None = None
-        self.judge: tuple[CandidateJudge, dict[str, int], dict[str, Any]] | None = None
+        # the judge, its fixed attributes' ids, its instance callables' ids, its config's values
+        self.judge: tuple[CandidateJudge, dict[str, int], dict[str, int], dict[str, Any]] | None = None
         self.flags = _flags_snapshot()
         self.routing = _dispatch_routing()
         self.threads = threading.active_count()
@@ -323,10 +325,10 @@ class RuntimeGuard:
         attributes hold and the config's values. `fields`: those set again by trusted code since (the worker sets
         the candidate's kernel names after its build), taken anew and the rest left as first taken."""
         ids = {name: id(getattr(judge, name)) for name in JUDGE_FIXED_ATTRIBUTES}
-        # callables set on the instance shadow the class's methods (a `run_profiler_check` that does nothing)
-        ids.update({f"callable {key}": id(value) for key, value in _instance_functions(judge).items()})
         if self.judge is None or self.judge[0] is not judge:
-            self.judge = (judge, ids, judge.config.to_dict())
+            # callables set on the instance shadow the class's methods (a `run_profiler_check` that does nothing)
+            functions = {key: id(value) for key, value in _instance_functions(judge).items()}
+            self.judge = (judge, ids, functions, judge.config.to_dict())
         else:
             self.judge[1].update({name: ids[name] for name in fields})
         self.own_state = self._own_state()
@@ -360,13 +362,13 @@ class RuntimeGuard:
         if self.model is not None and _model_state(self.model[0]) != self.model[1]:
             raise patched("the reference model's modules (their classes, hooks or instance methods) were changed")
         if self.judge is not None:
-            judge, ids, config = self.judge
+            judge, ids, functions, config = self.judge
             now = _instance_functions(judge)
-            swapped = [name for name, ident in ids.items() if id(now.get(name[len("callable "):], _MISSING)
-                       if name.startswith("callable ") else getattr(judge, name, None)) != ident]
-            swapped += [f"{key} (set on the judge)" for key in now if f"callable {key}" not in ids]
+            swapped = [name for name, ident in ids.items() if id(getattr(judge, name, None)) != ident]
+            swapped += [key for key, ident in functions.items() if id(now.get(key, _MISSING)) != ident]
+            swapped += [f"{key} (set on the judge)" for key in now if key not in functions]
             if swapped:
-                raise patched(f"the harness's own {swapped[0].removeprefix('callable ')} was replaced")
+                raise patched(f"the harness's own {swapped[0]} was replaced")
             if judge.config.to_dict() != config:
                 raise patched("the judgement's config was changed")
         flags = _flags_snapshot()

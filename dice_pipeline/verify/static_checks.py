@@ -648,6 +648,17 @@ def _check_statements(report: StaticReport, tree: ast.Module, facts: _ModuleFact
                 report.reject(Status.DECEPTIVE, "tensor_subclass", f"class {node.name} subclasses torch.Tensor")
 
 
+def _getattr_target(node: ast.Call, facts: _ModuleFacts) -> str | None:
+    """`getattr(torch.cuda, "CUDAGraph")` read as the attribute it names ("torch.cuda.CUDAGraph"); None for any
+    other call, or a name that is not a constant string."""
+    if (facts.resolve(node.func) or "") not in ("getattr", "builtins.getattr") or len(node.args) < 2:
+        return None
+    owner, name = facts.resolve(node.args[0]), node.args[1]
+    if owner and isinstance(name, ast.Constant) and isinstance(name.value, str):
+        return f"{owner}.{name.value}"
+    return None
+
+
 def _reaches_stdlib(resolved: str, facts: _ModuleFacts) -> bool:
     """`torch.sys`, `np.os`, ...: a standard-library module reached through another imported module."""
     parts = resolved.split(".")
@@ -704,14 +715,13 @@ def _check_call(report: StaticReport, node: ast.Call, facts: _ModuleFacts, refer
         report.reject(Status.DECEPTIVE, "process_spawn", f"line {node.lineno}: calls {resolved}")
     elif resolved in ("getattr", "builtins.getattr") and len(node.args) >= 2 \
             and (owner := facts.resolve(node.args[0]) or "").split(".")[0] in facts.imported_roots:
-        name = node.args[1]
-        if not (isinstance(name, ast.Constant) and isinstance(name.value, str)):
+        target = _getattr_target(node, facts)
+        if target is None:
             report.reject(Status.DECEPTIVE, "dynamic_code",
                           f"line {node.lineno}: getattr({owner}, <a computed name>) hides what it reaches")
-        elif _reaches_stdlib(f"{owner}.{name.value}", facts):
+        elif _reaches_stdlib(target, facts):
             report.reject(Status.DECEPTIVE, "frame_or_gc_access",
-                          f"line {node.lineno}: reaches a standard-library module through getattr({owner}, "
-                          f"{name.value!r})")
+                          f"line {node.lineno}: reaches a standard-library module through getattr, {target}")
     elif resolved in ("__import__", "eval", "exec", "compile", "builtins.__import__"):
         report.reject(Status.DECEPTIVE, "dynamic_code", f"line {node.lineno}: {resolved}() hides code from these checks")
     elif resolved in ("contextlib.suppress", "suppress"):
@@ -770,10 +780,8 @@ def _check_kernel_sources(report: StaticReport, tree: ast.Module, facts: _Module
                 classify(f"{module}.{alias.name}" if module else alias.name, node.lineno)
         elif isinstance(node, (ast.Attribute, ast.Name)):
             classify(facts.resolve(node) or "", node.lineno)
-        elif isinstance(node, ast.Call) and (facts.resolve(node.func) or "") in ("getattr", "builtins.getattr") \
-                and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) \
-                and isinstance(node.args[1].value, str) and facts.resolve(node.args[0]):
-            classify(f"{facts.resolve(node.args[0])}.{node.args[1].value}", node.lineno)
+        elif isinstance(node, ast.Call) and (target := _getattr_target(node, facts)):
+            classify(target, node.lineno)
     what = {"compiled_torch_code": "PyTorch code compiled into kernels that are not the candidate's CUDA",
             "cuda_graph_capture": "a replayed graph of PyTorch ops is launch overhead removed, not a kernel written",
             "foreign_kernel_backend": "kernels from another language or library, not the CUDA sources being judged",
