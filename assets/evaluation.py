@@ -4,19 +4,19 @@ every evaluated model beside the paper's numbers. Models are named partitions (`
 `from_pretrained` directory or OpenAI-compatible endpoint evaluates without the training assets.
 """
 
-import dataclasses
 import hashlib
 import json
-import os
 from pathlib import Path
 
 import dagster as dg
 import polars as pl
+from pydantic import Field
 
 from assets import keys
 from assets.metadata import counts_markdown, schema_check, table_metadata
 from dice_pipeline import schemas
 from dice_pipeline.resources import KernelVerifier, WarehouseResource
+from dice_pipeline.settings import GENERATOR_API_KEY
 from warehouse import table_for
 from warehouse.tables import EVAL_PARTITION_COLUMN, LEVEL_PARTITION_COLUMN
 
@@ -32,19 +32,38 @@ class BaselineConfig(dg.Config):
 
 
 class EvaluationConfig(dg.Config):
-    registry_path: str = ""  # empty = DICE_EVAL_CHECKPOINTS or <dagster home>/eval_checkpoints.json
-    checkpoint_path: str = ""  # overrides the registered path of the partition's model
-    decoding: str = ""  # empty = the registered decoding (auto: block diffusion for SDAR checkpoints)
-    max_new_tokens: int = 4096
-    block_size: int = 4
-    steps: int = 4
-    samples: int = 1  # > 1: pass@k with that many samples at `temperature`
-    temperature: float = 0.0
-    batch_size: int = 16
-    pass_k: list[int] = []  # empty = [1, samples] when samples > 1
-    # empty = <cache>/kernelbench_eval/<model>-<hash of path and settings>/level<N>: generations and verdicts
-    state_dir: str = ""
-    sanity_rows: bool = True
+    """The paper's evaluation protocol by default (one greedy sample, block 4, 4 denoising steps, 4096 new
+    tokens). On a CPU that is minutes a task: a smoke test takes `max_tasks: 3`, `max_new_tokens: 64`,
+    `batch_size: 1` (README: Evaluating a checkpoint on KernelBench)."""
+
+    registry_path: str = Field(default="", description="the model registry; empty = DICE_EVAL_CHECKPOINTS or "
+                                                             "<dagster home>/eval_checkpoints.json")
+    checkpoint_path: str = Field(default="", description="overrides the registered path of the partition's model")
+    decoding: str = Field(default="", description="auto | block_diffusion | autoregressive; empty = the "
+                                                       "registered decoding (auto: block diffusion for SDAR)")
+    max_new_tokens: int = Field(default=4096, description="tokens a model may write per answer (the paper: 4096)")
+    block_size: int = Field(default=4, description="block-diffusion block size")
+    steps: int = Field(default=4, description="denoising steps per block")
+    samples: int = Field(default=1, description="answers per task; > 1: pass@k at `temperature`")
+    temperature: float = Field(default=0.0, description="sampling temperature; 0 = greedy")
+    batch_size: int = Field(default=16, description="tasks decoded together (a CPU: 1 or 2)")
+    max_tasks: int = Field(default=0, description="evaluate only the level's first N tasks (a smoke test; the "
+                                                     "metrics say the level is incomplete); 0 = every task")
+    pass_k: list[int] = Field(default=[], description="k values for pass@k; empty = [1, samples] when samples > 1")
+    state_dir: str = Field(default="", description="where generations and verdicts are kept; empty = "
+                                                      "<cache>/kernelbench_eval/<model>-<hash of path and "
+                                                      "settings>/level<N>")
+    sanity_rows: bool = Field(default=True, description="also judge the sanity rows (reference as ModelNew, "
+                                                           "zeros kernel, known-good)")
+
+    def generation_settings(self, model):
+        """The generation settings for `model` (an EvalModel): these fields over the paper's defaults."""
+        from dice_pipeline.evaluation.generation import EvalGenerationSettings
+
+        return EvalGenerationSettings(
+            decoding=self.decoding or model.decoding, block_size=self.block_size, steps=self.steps,
+            max_new_tokens=self.max_new_tokens, samples=self.samples, temperature=self.temperature,
+            batch_size=self.batch_size)
 
 
 def _task_source(config: KernelBenchSourceConfig) -> str:
@@ -138,7 +157,7 @@ def kernelbench_baselines(context: dg.AssetExecutionContext, config: BaselineCon
     )
     yield dg.Output(frame, metadata={
         **table_metadata(frame, schemas.KERNELBENCH_BASELINES, ["task_key", "status", "eager_ms_gpu",
-                                                               "compile_ms_gpu", "gpu_name"]),
+                                                               "compile_ms_gpu", "gpu_name"], "kernelbench_baselines"),
         "by_status": dg.MetadataValue.md(counts_markdown(frame, "status", "status")),
     })
     yield dg.AssetCheckResult(check_name="one_row_per_task",
@@ -157,7 +176,7 @@ def _generator(model, config: EvaluationConfig, settings):
         if not loaded:
             if model.kind == "endpoint":
                 loaded.append(endpoint_generator(model.base_url, model.model, settings,
-                                                 api_key=os.environ.get("DICE_GENERATOR_API_KEY", "")))
+                                                 api_key=GENERATOR_API_KEY.get()))
             else:
                 loaded.append(CheckpointGenerator.from_pretrained(config.checkpoint_path or model.path, settings))
         return loaded[0](tasks, seed)
@@ -198,49 +217,49 @@ def kernelbench_evaluation(context: dg.AssetExecutionContext, config: Evaluation
     every answer. Generations and verdicts are kept in a state directory: an interrupted evaluation resumes
     without generating or judging a finished task again."""
     from dice_pipeline.evaluation.evaluate import evaluate_level
-    from dice_pipeline.evaluation.generation import EvalGenerationSettings
     from dice_pipeline.evaluation.registry import resolve
     from dice_pipeline.evaluation.report import comparison_markdown
-    from dice_pipeline.evaluation.runner import state_key
-    from dice_pipeline.paths import cache_dir
+    from dice_pipeline.evaluation.runner import default_state_dir
 
     dims = context.partition_key.keys_by_dimension
     name, level = dims["checkpoint"], int(dims["level"])
     partition_key = str(context.partition_key)
     model = resolve(name, config.registry_path or None)
-    settings = EvalGenerationSettings(
-        decoding=config.decoding or model.decoding, block_size=config.block_size, steps=config.steps,
-        max_new_tokens=config.max_new_tokens, samples=config.samples, temperature=config.temperature,
-        batch_size=config.batch_size)
-    checkpoint_path = config.checkpoint_path or model.path
-    identity = {**dataclasses.asdict(model), "path": checkpoint_path, "settings": settings.to_dict()}
-    default_state = cache_dir() / "kernelbench_eval" / state_key(name, identity) / f"level{level}"
-    state_dir = config.state_dir or str(default_state)
+    settings = config.generation_settings(model)
+    state_dir = config.state_dir or str(default_state_dir(model, settings, level, config.checkpoint_path))
     baselines = [{"task_id": r["task_key"], "status": r["status"], "eager_ms_gpu": r["eager_ms_gpu"],
                   "compile_ms_gpu": r["compile_ms_gpu"]} for r in kernelbench_baselines.iter_rows(named=True)]
+    tasks = _tasks_from_frame(kernelbench_tasks)
+    limited = 0 < config.max_tasks < len(tasks)
+    if limited:
+        tasks = tasks[:config.max_tasks]  # a smoke test: the level's first tasks, reported as incomplete
+        context.log.info(f"max_tasks {config.max_tasks}: evaluating {len(tasks)} of the level's "
+                         f"{kernelbench_tasks.height} tasks")
     evaluation = evaluate_level(
-        _tasks_from_frame(kernelbench_tasks), checkpoint=name, level=level,
+        tasks, checkpoint=name, level=level,
         generate=_generator(model, config, settings),
         config=_evaluation_verify_config(verifier), state_dir=state_dir, samples=config.samples,
         baselines=baselines, sanity=config.sanity_rows, generation_batch=config.batch_size, log=context.log.info,
         pass_k=config.pass_k or ([1, config.samples] if config.samples > 1 else []))
     results = _list_frame(evaluation.results, schemas.KERNELBENCH_EVAL_RESULTS, partition_key)
     sanity = _list_frame(evaluation.sanity, schemas.KERNELBENCH_EVAL_SANITY, partition_key)
-    metric_rows = [{**row, "deceptive_by_reason_json": json.dumps(row["deceptive_by_reason"], sort_keys=True),
+    metric_rows = [{**row, "complete": row["complete"] and not limited,
+                    "deceptive_by_reason_json": json.dumps(row["deceptive_by_reason"], sort_keys=True),
                     "pass_at_k_json": json.dumps(row["pass_at_k"], sort_keys=True)} for row in evaluation.metrics]
     metrics = _list_frame(metric_rows, schemas.KERNELBENCH_EVAL_METRICS, partition_key)
     execution = ("executed on the GPU" if evaluation.executed else
                  "NOT executed (no GPU): verdicts are static checks only; Exec and fast_p are not measured results")
     yield dg.Output(results, output_name="kernelbench_eval_results", metadata={
         **table_metadata(results, schemas.KERNELBENCH_EVAL_RESULTS, ["task_key", "status", "speedup_gpu",
-                                                                     "known_issues"]),
+                                                                     "known_issues"], "kernelbench_eval_results"),
         "execution": execution, "state_dir": state_dir, "model": model.path or model.base_url,
         "generated_now": evaluation.run.generated, "judged_now": evaluation.run.judged,
         "by_status": dg.MetadataValue.md(counts_markdown(results, "status", "status")),
     })
     yield dg.Output(sanity, output_name="kernelbench_eval_sanity",
                     metadata=table_metadata(sanity, schemas.KERNELBENCH_EVAL_SANITY,
-                                            ["check", "subject", "status", "passed", "asserted"]))
+                                            ["check", "subject", "status", "passed", "asserted"],
+                                            "kernelbench_eval_sanity"))
     yield dg.Output(metrics, output_name="kernelbench_eval_metrics", metadata={
         **table_metadata(metrics, schemas.KERNELBENCH_EVAL_METRICS, ["tolerance", "compile_rate", "exec_rate",
                                                                      "fast_1", "fast_2", "geomean_speedup_gpu"]),
@@ -255,7 +274,9 @@ def kernelbench_evaluation(context: dg.AssetExecutionContext, config: Evaluation
     yield dg.AssetCheckResult(check_name="every_task_scored", asset_key=keys.KERNELBENCH_EVAL_METRICS,
                               passed=evaluation.complete and all(r["n_tasks"] == kernelbench_tasks.height
                                                                  for r in evaluation.metrics),
-                              metadata={"tasks": kernelbench_tasks.height,
+                              description=f"max_tasks {config.max_tasks}: {len(tasks)} of the level's "
+                              f"{kernelbench_tasks.height} tasks evaluated (a smoke test)" if limited else None,
+                              metadata={"tasks": kernelbench_tasks.height, "tasks_evaluated": len(tasks),
                                         "stopped_early": evaluation.run.stopped_early or "no"})
 
 

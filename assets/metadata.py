@@ -9,36 +9,18 @@ from collections.abc import Sequence
 import dagster as dg
 import polars as pl
 
-
-# What a column means, shown beside it on every asset page that has it (the UI's Columns table).
-COLUMN_DESCRIPTIONS = {
-    "uuid": "the pair's id in its source (ConCuR's uuid); joins every table of the pair",
-    "problem_name": "the PyTorch reference task's name",
-    "pytorch_code": "the PyTorch reference (class Model, get_inputs, get_init_inputs)",
-    "generated_code": "the candidate CUDA kernel (class ModelNew)",
-    "generated_think": "the reasoning the source model wrote before the kernel",
-    "source_name": "where the row was read from, e.g. embedded, hf:lkongam/ConCuR, parquet:/data/x.parquet",
-    "source_row": "0-based row index in that source, to trace a row back",
-    "speedup_over_eager": "speedup over eager PyTorch as the source recorded it (not measured by us)",
-    "threshold_key": "the threshold partition (canonical key, e.g. 2.0)",
-    "threshold": "the speedup threshold, as a number",
-    "speedup_used": "the speedup the decision used: measured by our verifier on a GPU, else the source's",
-    "speedup_source": "measured (our verifier, on a GPU) or recorded (the source's figure)",
-    "verification_status": "our verifier's status for the pair (correct, not_executed, incorrect, deceptive, ...)",
-    "verdict_id": "the verdict in verify.verified_pairs this row rests on",
-    "kept": "whether the pair passed at this threshold",
-    "reason_code": "why the row was dropped or rejected (kept when it was not)",
-    "measured_speedup": "speedup over eager PyTorch measured by our verifier (empty when not executed)",
-    "executed": "whether the verifier ran the candidate on a GPU",
-}
+from assets.column_descriptions import COLUMN_DESCRIPTIONS, TABLE_COLUMN_DESCRIPTIONS
 
 
-def column_schema(schema: pl.Schema) -> dg.TableSchema:
+def column_description(name: str, table: str | None = None) -> str | None:
+    return TABLE_COLUMN_DESCRIPTIONS.get(table or "", {}).get(name) or COLUMN_DESCRIPTIONS.get(name)
+
+
+def column_schema(schema: pl.Schema, table: str | None = None) -> dg.TableSchema:
+    """The UI's Columns table: each column's type and what it means (`table` picks a table's own meanings)."""
     return dg.TableSchema(
-        columns=[
-            dg.TableColumn(name, str(dtype), description=COLUMN_DESCRIPTIONS.get(name))
-            for name, dtype in schema.items()
-        ]
+        columns=[dg.TableColumn(name, str(dtype), description=column_description(name, table))
+                 for name, dtype in schema.items()]
     )
 
 
@@ -69,10 +51,11 @@ def counts_markdown(frame: pl.DataFrame, column: str, title: str) -> str:
     return "\n".join(lines)
 
 
-def table_metadata(frame: pl.DataFrame, schema: pl.Schema, preview_columns: Sequence[str]) -> dict:
+def table_metadata(frame: pl.DataFrame, schema: pl.Schema, preview_columns: Sequence[str],
+                   table: str | None = None) -> dict:
     return {
         "dagster/row_count": frame.height,
-        "dagster/column_schema": column_schema(schema),
+        "dagster/column_schema": column_schema(schema, table),
         "preview": dg.MetadataValue.md(markdown_preview(frame, preview_columns)),
     }
 
@@ -175,10 +158,11 @@ def versioned_output(value, data_version: str, **kwargs) -> dg.Output:
         return dg.Output(value, data_version=dg.DataVersion(data_version), **kwargs)
 
 
-def curves_markdown(history: Sequence[dict], panels: dict[str, Sequence[str]], title: str) -> str:
-    """Training curves as one PNG embedded in Markdown: a panel per entry of `panels` (panel title -> record keys
-    plotted against `step`). A key whose values are dicts (e.g. the deceptive-rollout share by reason) plots one
-    line per dict key. Panels with nothing to plot are left out."""
+def curves_figure(history: Sequence[dict], panels: dict[str, Sequence[str]], title: str):
+    """Training curves as one matplotlib figure (None when nothing was recorded): a panel per entry of `panels`
+    (panel title -> record keys plotted against `step`). A key whose values are dicts (e.g. the deceptive-rollout
+    share by reason) plots one line per dict key. Panels with nothing to plot are left out. The layout is
+    constrained, so the figure's title and the panels' titles and legends never overlap."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -200,14 +184,21 @@ def curves_markdown(history: Sequence[dict], panels: dict[str, Sequence[str]], t
     drawn = {name: {k: v for key in keys for k, v in series(key).items()} for name, keys in panels.items()}
     drawn = {name: lines for name, lines in drawn.items() if lines}
     if not drawn:
-        return f"**{title}**: no steps recorded"
-    fig, axes = plt.subplots(1, len(drawn), figsize=(4 * len(drawn), 3), dpi=100, squeeze=False)
+        return None
+    fig, axes = plt.subplots(1, len(drawn), figsize=(4.2 * len(drawn), 3.4), dpi=100, squeeze=False,
+                             layout="constrained")
     for ax, (name, lines) in zip(axes[0], drawn.items()):
         for label, (xs, ys) in lines.items():
             ax.plot(xs, ys, marker="." if len(xs) < 30 else None, label=label)
-        ax.set_title(name)
+        ax.set_title(name, fontsize=10, wrap=True)
         ax.set_xlabel("step")
         if len(lines) > 1:
             ax.legend(fontsize=7)
-    fig.suptitle(title)
-    return _png_markdown(fig, title)
+    fig.suptitle(title, fontsize=12)
+    return fig
+
+
+def curves_markdown(history: Sequence[dict], panels: dict[str, Sequence[str]], title: str) -> str:
+    """`curves_figure` as one PNG embedded in Markdown."""
+    fig = curves_figure(history, panels, title)
+    return f"**{title}**: no steps recorded" if fig is None else _png_markdown(fig, title)

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from dice_pipeline.verify.harness import compare_outputs  # noqa: E402
+from dice_pipeline.verify.judge import compare_outputs  # noqa: E402
 
 TOLERANCE = 1e-2  # the policy tolerance the timed calls are checked at
 

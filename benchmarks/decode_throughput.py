@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 from datetime import datetime, timezone
@@ -40,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the GPU image ru
 
 import torch  # noqa: E402
 
+from training.blocks import prediction_shift  # noqa: E402
 from training.configuration_sdar import preset_config  # noqa: E402
 from training.convert import load_pretrained_as_block_diffusion  # noqa: E402
 from training.corpus import read_code_corpus  # noqa: E402
@@ -78,7 +80,7 @@ def timed(fn, repeats: int, device: torch.device):
 def heldout_loss(model, windows, device, block_size: int, mask_token_id: int) -> float:
     """Block-diffusion loss on held-out windows with fixed noise (how confident the model is where it decodes)."""
     batch = pack_block_diffusion(windows, mask_token_id, block_size, 8 * windows[0].input_ids.numel(),
-                                 torch.Generator().manual_seed(0)).to(device)
+                                 torch.Generator().manual_seed(0), shift=prediction_shift(model.config)).to(device)
     with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
         return block_diffusion_loss(model, batch, build_attention_mask(batch, "dense")).item()
 
@@ -95,7 +97,7 @@ def continuation_loss(model, prompts, continuations, device, seeds: int = 4) -> 
     total = 0.0
     for seed in range(seeds):
         batch = pack_block_diffusion(samples, model.config.mask_token_id, block_size, row_length,
-                                     torch.Generator().manual_seed(seed)).to(device)
+                                     torch.Generator().manual_seed(seed), shift=prediction_shift(model.config)).to(device)
         with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16, enabled=device.type == "cuda"):
             total += block_diffusion_loss(model, batch, build_attention_mask(batch, "dense")).item()
     return total / seeds
@@ -125,10 +127,14 @@ def main() -> None:
     parser.add_argument("--warmup-steps", type=int, default=50)
     parser.add_argument("--block-size", type=int, default=4)
     parser.add_argument("--steps", type=int, default=4, help="denoising steps a block (static schedule)")
-    parser.add_argument("--threshold", type=float, default=0.9)
+    parser.add_argument("--threshold", type=float, default=0.9, help="dynamic unmasking confidence threshold")
     parser.add_argument("--sweep-thresholds", type=float, nargs="*", default=[0.5, 0.7, 0.8, 0.95],
                         help="batch 1: also time dynamic decoding at these thresholds (speed against the AR run, "
                              "token agreement with static decoding as the quality cost)")
+    parser.add_argument("--kernelbench-prompts", type=Path, default=None,
+                        help="KernelBench tasks (tasks.jsonl or a checkout): the prompts are their level-1 kernel "
+                             "generation chat prompts, as the evaluation asks them (what an SFT checkpoint answers), "
+                             "all held out; --corpus then only feeds training")
     parser.add_argument("--prompt-tokens", type=int, default=128)
     parser.add_argument("--prompt-min-chars", type=int, default=2000,
                         help="--prompt-corpus files shorter than this are skipped (room for prompt + continuation)")
@@ -148,7 +154,17 @@ def main() -> None:
 
     started = time.perf_counter()
     corpus = args.corpus or [default_corpus()]
-    if args.prompt_corpus:
+    if args.kernelbench_prompts:
+        from dice_pipeline.kernelbench import load_kernelbench_tasks
+
+        kernelbench_tasks = load_kernelbench_tasks(args.kernelbench_prompts, levels=[1]).tasks
+        random.Random(0).shuffle(kernelbench_tasks)
+        if not kernelbench_tasks:
+            parser.error(f"no level-1 task in {args.kernelbench_prompts}")
+        heldout_texts = [task.code for task in kernelbench_tasks]
+        train_texts = read_code_corpus(corpus, int(args.corpus_mb * 2**20)) if args.train_seconds > 0 else []
+        texts, held_out = heldout_texts + train_texts, len(heldout_texts)
+    elif args.prompt_corpus:
         # every prompt file is held out; the training corpus is read only where there is training
         heldout_texts = read_code_corpus(args.prompt_corpus, 2**40, min_chars=args.prompt_min_chars)
         if not heldout_texts:
@@ -168,10 +184,14 @@ def main() -> None:
     windows = text_windows(tokenizer, train_texts, args.window) if train_texts else []
     heldout_windows = text_windows(tokenizer, heldout_texts, args.window)[:16]
     corpus_line = (f"{len(texts)} distinct .py files, {sum(map(len, texts)) / 2**20:.1f} MiB from "
-                   f"{', '.join(map(str, corpus))} ({held_out} held out)") if not args.prompt_corpus else (
-        f"prompts: {held_out} .py files, {sum(map(len, heldout_texts)) / 2**20:.2f} MiB from "
-        f"{', '.join(map(str, args.prompt_corpus))} (all held out); training: {len(train_texts)} files from "
-        f"{', '.join(map(str, corpus))}")
+                   f"{', '.join(map(str, corpus))} ({held_out} held out)")
+    if args.prompt_corpus or args.kernelbench_prompts:
+        what = (f"the kernel generation chat prompts of {held_out} KernelBench level-1 tasks from "
+                f"{args.kernelbench_prompts}" if args.kernelbench_prompts else
+                f"{held_out} .py files, {sum(map(len, heldout_texts)) / 2**20:.2f} MiB from "
+                f"{', '.join(map(str, args.prompt_corpus))}")
+        corpus_line = (f"prompts: {what} (all held out); training: {len(train_texts)} files from "
+                       f"{', '.join(map(str, corpus))}")
     print(f"corpus: {corpus_line}; tokenizer {len(tokenizer)} tokens; {len(windows)} windows of {args.window} "
           f"({time.perf_counter() - started:.0f}s)", flush=True)
 
@@ -186,7 +206,7 @@ def main() -> None:
     history = []
     if args.train_seconds > 0:
         history = train_block_diffusion(model, windows, continued_training_config(
-            args.lr, args.train_seconds, args.window, args.rows_per_step, args.warmup_steps))
+            args.lr, args.train_seconds, args.window, args.rows_per_step, args.warmup_steps))["history"]
     trained_tokens = sum(r["clean_tokens"] for r in history)
     train_loss = sum(r["loss"] for r in history[-20:]) / len(history[-20:]) if history else None
     loss_after = heldout_loss(model, heldout_windows, device, args.block_size, mask_token_id)
@@ -208,9 +228,18 @@ def main() -> None:
 
     heldout_ids = tokenizer(heldout_texts, add_special_tokens=False)["input_ids"]
     prompts_all = [ids[: args.prompt_tokens] for ids in heldout_ids]
+    if args.kernelbench_prompts:  # whole chat prompts; no file continuation to compare with
+        from dice_pipeline.prompts import kernel_generation_messages
+
+        prompts_all = [tokenizer(tokenizer.apply_chat_template(kernel_generation_messages(text), tokenize=False,
+                                                               add_generation_prompt=True),
+                                 add_special_tokens=False)["input_ids"] for text in heldout_texts]
+        heldout_ids = [[] for _ in heldout_texts]
+    prompt_line = (f"KernelBench chat prompts of {min(map(len, prompts_all))}-{max(map(len, prompts_all))} tokens"
+                   if args.kernelbench_prompts else f"prompts of {args.prompt_tokens} tokens")
     pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     common = dict(pad_token_id=pad_token_id)
-    block = dict(steps=args.steps, threshold=args.threshold, **common)
+    block = dict(steps=args.steps, confidence_threshold=args.threshold, **common)
     decoders = {  # name -> decode(prompts, cuda_graph, graphs)
         "autoregressive": lambda p, g, graphs: autoregressive_generate(model, p, args.new_tokens, cuda_graph=g,
                                                                       graphs=graphs, **common),
@@ -222,7 +251,7 @@ def main() -> None:
     modes = [True, False] if args.also_eager and device.type == "cuda" else [True]
     graph_note = "CUDA graphs" if device.type == "cuda" else "eager (CPU)"
     print(f"{device_name} | torch {torch.__version__} | bf16 | block {args.block_size}, {args.steps} steps, "
-          f"threshold {args.threshold} | {args.new_tokens} new tokens, prompts of {args.prompt_tokens} tokens | "
+          f"threshold {args.threshold} | {args.new_tokens} new tokens, {prompt_line} | "
           f"batch 1 over {args.batch1_prompts} prompts one after another | {graph_note}", flush=True)
 
     def prompt_groups(batch_size: int) -> list[list[list[int]]]:
@@ -236,7 +265,9 @@ def main() -> None:
         """Time `decode` over every group (the first pass captures the graphs, timed passes replay them); returns
         seconds for all groups, total forwards, and the tokens of all groups stacked."""
         graphs: dict = {}
-        run_all = lambda: [decode(group, graphed, graphs) for group in groups]
+        def run_all():
+            return [decode(group, graphed, graphs) for group in groups]
+
         run_all()
         seconds, outs = timed(run_all, args.repeats, device)
         return seconds, sum(o.num_forwards for o in outs), torch.cat([o.tokens for o in outs])
@@ -299,7 +330,7 @@ def main() -> None:
         groups = prompt_groups(1)
         def decode(p, g, graphs, threshold=threshold):
             return block_diffusion_generate(model, p, args.new_tokens, strategy="dynamic", cuda_graph=g,
-                                            graphs=graphs, **{**block, "threshold": threshold})
+                                            graphs=graphs, **{**block, "confidence_threshold": threshold})
 
         seconds, forwards, tokens = run_groups(decode, groups, True)
         row = dict(threshold=threshold, tokens_per_s=round(len(groups) * args.new_tokens / seconds, 1),
@@ -311,8 +342,8 @@ def main() -> None:
         print(f"batch  1 dynamic threshold {threshold:<5g} {row['tokens_per_s']:9.1f} tok/s  vs AR "
               f"{row['vs_ar']:.2f}x  {row['tokens_per_forward']:.2f} tokens a forward  same token as static "
               f"{row['same_token_as_static']:.1%}  continuation loss {row['continuation_loss']:.3f}", flush=True)
-    sample = block_diffusion_generate(model, prompts_all[:1], 96, strategy="dynamic", threshold=args.threshold,
-                                      **common)
+    sample = block_diffusion_generate(model, prompts_all[:1], 96, strategy="dynamic",
+                                      confidence_threshold=args.threshold, **common)
     print("--- dynamic sample continuation of held-out prompt 0:\n" + tokenizer.decode(sample.tokens[0]))
     print(f"total {time.perf_counter() - started:.0f}s")
     if args.json:

@@ -5,7 +5,7 @@
 #
 #   benchmarks/gpu_suite.sh OUT_DIR [PART ...]      PART: tests verify synthesis train decode (default: all)
 #                                                    or throughput, throughput-ab, decode-smollm2, train-decode,
-#                                                    scaling (not in the default set)
+#                                                    synthetic-pairs, scaling (not in the default set)
 #
 # Rough H200 timings: tests 5 min, verify 10 min, synthesis 5 min, train 3 min, decode 3.5 min, decode-smollm2 6 min.
 # decode-smollm2 converts SmolLM2-135M-Instruct (4 minutes of block-diffusion training) and benchmarks its decoding;
@@ -69,17 +69,19 @@ for part in $PARTS; do
                 --hold-gpu-after-timing
             step throughput_12_lanes 600 python3 benchmarks/verify_throughput.py --out "$OUT/throughput_12_lanes" \
                 "${common[@]}" --lanes 12 --gpu-worker-cpus 12 ;;
-        train-decode)  # SmolLM2 converted, 10 min of conversion training on CUDA/C++ source, 4 min of SFT on CuKe,
-                       # evaluations, then decoding speed on the SFT checkpoint (~20 min; needs SMOLLM2_GGUF, the
-                       # gguf package and TRAINING_DATA, a `dice export-training-data` folder)
+        train-decode)  # SmolLM2 converted (shift kept) and trained on CUDA/C++ source, SFT on CuKe, decoding speed
+                       # on the SFT checkpoint, all 100 level-1 tasks, a few RL stage-1 steps (~10 min; needs
+                       # SMOLLM2_GGUF, the gguf package and TRAINING_DATA, a `dice export-training-data` folder)
             if [ ! -f "${SMOLLM2_GGUF:-}" ] || [ ! -d "${TRAINING_DATA:-}" ] || ! python3 -c "import gguf" 2>/dev/null
             then
                 echo "train-decode needs SMOLLM2_GGUF, TRAINING_DATA and the gguf package" >&2; exit 2
             fi
-            step train_decode 1500 python3 benchmarks/train_pipeline_gpu.py "$OUT/train_decode" --data "$TRAINING_DATA" \
-                --gguf "$SMOLLM2_GGUF" --stages sft --convert-seconds 600 --sft-seconds 240 --sft-samples-per-step 2 \
-                --max-new-tokens 512 --kernelbench-sample 8 --heldout 6 --decode-benchmark --decode-budget-s 140 \
-                --budget-s 1000 ;;
+            step train_decode 600 python3 benchmarks/train_pipeline_gpu.py "$OUT/train_decode" --data "$TRAINING_DATA" \
+                --gguf "$SMOLLM2_GGUF" --budget-s 570 ;;
+        synthetic-pairs)  # the synthetic operator pairs' training split judged for the shipped verdict archive
+                          # (~15 min on an H100 at 14 lanes; copy OUT/synthetic/synthetic_verdicts.jsonl.gz to
+                          # dice_pipeline/synthesis/operators/verdicts/); a rerun with the same OUT continues
+            step synthetic_pairs 1800 python3 benchmarks/synthetic_verify_gpu.py "$OUT/synthetic" --lanes 14 ;;
         scaling)  # compile throughput per core, verify throughput per GPU (docs/scaling.md); ~3 min
             step scaling_capacity 300 python3 benchmarks/scaling_capacity.py --out "$OUT/scaling" --budget-s 170 ;;
         decode-smollm2)

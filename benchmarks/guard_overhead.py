@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from dice_pipeline.verify.config import VerifyConfig  # noqa: E402
-from dice_pipeline.verify.harness import CandidateJudge, DispatcherSnapshot, RuntimeGuard  # noqa: E402
+from dice_pipeline.verify.judge import CandidateJudge, DispatcherSnapshot, RuntimeGuard  # noqa: E402
 
 REFERENCE = """
 import torch

@@ -41,6 +41,7 @@ from dice_pipeline.evaluation.report import comparison_markdown  # noqa: E402
 from dice_pipeline.evaluation.runner import run_evaluation, state_key  # noqa: E402
 from dice_pipeline.evaluation.sanity import judge_sanity, sanity_cases, sanity_jobs  # noqa: E402
 from dice_pipeline.kernelbench import load_kernelbench_tasks  # noqa: E402
+from dice_pipeline.settings import VERIFY_CACHE  # noqa: E402
 
 FORBIDDEN_ON_GPU_HOST = ("dagster", "polars", "duckdb", "datasets")
 SANITY_ESTIMATE_S = 180.0
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         config = evaluation_verify_config(
             execute=False if args.no_execute else None,
             build_without_gpu=False,  # a CPU torch cannot build CUDA extensions: no compile-only stage here
-            build_cache_dir=os.environ.get("DICE_VERIFY_CACHE") or str(ROOT / ".cache" / "verify_builds"),
+            build_cache_dir=VERIFY_CACHE.get() or str(ROOT / ".cache" / "verify_builds"),
             verdict_store_dir=str(state_dir / "verdict_store"))
         executes = can_execute(config)
         summary["executed"] = executes
@@ -201,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
             return loaded[0](batch, seed)
 
         t0 = time.monotonic()
-        chunk = args.judge_chunk or 2 * max(1, config.max_parallel_builds)
+        chunk = args.judge_chunk or 2 * max(1, config.max_parallel_builds or len(os.sched_getaffinity(0)))
         run = run_evaluation(tasks, state_dir=state_dir, generate=None if args.no_generate else generate, judge=verifier_judge(config),
                              samples=args.samples, can_execute=executes, generation_batch=args.batch_size,
                              judge_chunk=chunk, deadline=deadline, log=log, progress=sys.stderr.isatty())

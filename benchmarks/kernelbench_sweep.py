@@ -36,8 +36,8 @@ def sweep_config(args: argparse.Namespace) -> VerifyConfig:
     checks that every task can be judged, not the last percent of its speed."""
     return VerifyConfig(timing_samples=args.timing_samples, timing_budget_s=args.timing_budget_s,
                         warmup_seconds=0.2, gpu_memory_fraction=0.9,  # split between the lanes
-                        # Each lane gets the cores one GPU worker has (the sweep builds nothing beside them).
-                        gpu_worker_cpus=VerifyConfig.gpu_worker_cpus * max(1, args.lanes),
+                        # Each lane gets two cores (the sweep builds nothing beside them).
+                        gpu_worker_cpus=2 * max(1, args.lanes),
                         build_cache_dir=str(Path(args.out) / "build_cache"))
 
 

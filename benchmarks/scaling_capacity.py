@@ -39,6 +39,7 @@ from dice_pipeline.verify import (  # noqa: E402
     gpu_inventory,
     verify_batch,
 )
+from dice_pipeline.verify.inventory import choose_parallelism  # noqa: E402
 
 # GPU-stage seconds a seed candidate took on the H200 (benchmarks/RESULTS.md, 2026-12-04: 386 s for 40): used only
 # to size the judge phases to the budget before this run has measured its own.
@@ -135,8 +136,8 @@ def main() -> int:
         log_file.flush()
 
     gpus = [] if args.dry_run else gpu_inventory()
-    # The cores verify_batch keeps for GPU workers (api.split_cpus): builds get the rest.
-    reserved = VerifyConfig().gpu_worker_cpus * len(gpus)
+    # The cores verify_batch keeps for GPU workers (inventory.split_cpus): builds get the rest.
+    reserved = choose_parallelism(VerifyConfig(), gpus, bool(gpus)).gpu_worker_cpus * len(gpus)
     reserved = reserved if reserved and len(os.sched_getaffinity(0)) >= 4 * reserved else 0
     workers = args.build_workers or compile_workers(reserved_cores=reserved)
     report: dict = {

@@ -34,7 +34,7 @@ def heldout_loss(model, samples, row_length: int) -> float:
     """Block-diffusion loss on held-out windows with the same noise every call, so values are comparable."""
     model.eval()
     batch = pack_block_diffusion(samples, model.config.mask_token_id, model.config.block_size, row_length,
-                                 torch.Generator().manual_seed(1234))
+                                 torch.Generator().manual_seed(1234), shift=model.config.prediction_shift)
     return block_diffusion_loss(model, batch, build_attention_mask(batch, "dense")).item()
 
 

@@ -99,7 +99,7 @@ def harness_overhead(calls: int) -> dict:
     """A scalar add_ timed bare and through the harness's timers, before and after a profiler session."""
     from torch.profiler import ProfilerActivity, profile
 
-    from dice_pipeline.verify.harness import CandidateJudge
+    from dice_pipeline.verify.judge import CandidateJudge
 
     device = torch.device("cuda")
     judge = CandidateJudge.__new__(CandidateJudge)

@@ -35,7 +35,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from dice_pipeline.verify import VerifyConfig, VerifyJob, compile_only, verify_batch  # noqa: E402
+from dice_pipeline.verify import VerifyConfig, VerifyJob, compile_only, gpu_inventory, verify_batch  # noqa: E402
+from dice_pipeline.verify.inventory import choose_parallelism  # noqa: E402
 
 SCRIPT = str(Path(__file__).resolve())  # what the baseline's fresh processes run, whatever their working folder
 # Pairs the baseline judges: an honest kernel and a wrong one, so both verdict kinds are compared.
@@ -245,6 +246,8 @@ def build_summary(args: argparse.Namespace, config: VerifyConfig, pairs: list[di
     """The numbers of one run: both sides' rates and their ratio, every candidate's two verdicts side by side,
     our settings and where our time went."""
     ours_by_name = {p["problem_name"]: v for p, v in zip(pairs, verdicts)}
+    gpus = gpu_inventory()
+    chosen = choose_parallelism(config, gpus, bool(gpus))
     build_seconds = [r.get("build_seconds", r.get("compile_seconds")) for r in baseline_results]
     cold = [v.compile_seconds for v in verdicts if v.compile_seconds and not v.build_cache_hit]
     side_by_side = [{"problem_name": r["problem_name"], "baseline": r["status"],
@@ -260,7 +263,10 @@ def build_summary(args: argparse.Namespace, config: VerifyConfig, pairs: list[di
         "time": verdicts[0].provenance.get("time"), "candidates_set": args.candidates,
         "order": "baseline first" if args.baseline_first else "ours first",
         "ours": {"candidates": len(verdicts), "wall_seconds": ours_wall, "per_minute": len(verdicts) / ours_wall * 60,
-                 "gpu_lanes": args.lanes, "build_batch_size": args.batch_size,
+                 # as the batch ran them: chosen for this host where the flags left them unset
+                 **{key: value for key, value in vars(chosen).items()
+                    if key in ("gpu_lanes", "gpu_worker_cpus", "max_parallel_builds")},
+                 "build_batch_size": args.batch_size or "chosen from the build slots",
                  "timing_samples": [config.timing_samples, config.timing_max_samples],
                  "timing_budget_s": config.timing_budget_s, "warmup_seconds": config.warmup_seconds,
                  "warmup_min_seconds": config.warmup_min_seconds,
@@ -273,7 +279,7 @@ def build_summary(args: argparse.Namespace, config: VerifyConfig, pairs: list[di
                  "skip_grouped_member_builds": config.skip_grouped_member_builds,
                  "cold_build_seconds_median": statistics.median(cold) if cold else None,
                  "cold_build_seconds_min": min(cold) if cold else None, **(cache_hit or {}),
-                 "gpu_worker_cpus": config.gpu_worker_cpus, "phase_seconds": phase_summary(verdicts),
+                 "phase_seconds": phase_summary(verdicts),
                  "verdicts_by_second": timeline(arrived_s.values(), ours_wall),
                  "statuses": {s: sum(v.status.value == s for v in verdicts) for s in {v.status.value for v in verdicts}}},
         "baseline": {"kind": args.baseline, "candidates": len(subset), "wall_seconds": baseline_wall,
@@ -341,10 +347,13 @@ def main() -> int:
     parser.add_argument("--baseline", choices=("serial", "parallel", "none"), default="serial",
                         help="none: ours alone (e.g. to compare our own settings; no ratio)")
     parser.add_argument("--baseline-subset", type=int, default=3, help="pairs the serial baseline judges")
-    parser.add_argument("--lanes", type=int, default=1, help="our judging lanes a GPU (VerifyConfig.gpu_lanes)")
-    parser.add_argument("--batch-size", type=int, default=8, help="our build groups (VerifyConfig.build_batch_size)")
+    parser.add_argument("--lanes", type=int, default=None,
+                        help="our judging lanes a GPU (VerifyConfig.gpu_lanes; default: chosen for this host from the "
+                             "GPU's memory and the cores, as the pipeline's)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="our build groups (VerifyConfig.build_batch_size; default: chosen from the build slots)")
     parser.add_argument("--gpu-worker-cpus", type=int, default=None,
-                        help="cores our GPU workers get a GPU (VerifyConfig.gpu_worker_cpus; default the config's)")
+                        help="cores our GPU workers get a GPU (VerifyConfig.gpu_worker_cpus; default a core a lane)")
     parser.add_argument("--warmup-seconds", type=float, default=None,
                         help="our warm-up before each candidate's timed pairs (VerifyConfig.warmup_seconds)")
     parser.add_argument("--warmup-min-seconds", type=float, default=None,

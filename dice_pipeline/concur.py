@@ -2,8 +2,10 @@
 
 Sources: the Hugging Face hub id (`datasets.load_dataset`), a `save_to_disk` directory, one `.arrow` file (stream or
 file format), Parquet, JSONL, or the seed corpus shipped with the project. Every row read ends up either accepted or
-in the rejects frame with a reason code: rows in == accepted + rejected. Code saved as a model's markdown answer is
-taken out of its fence when only the fenced block parses; the accepted row records it in `normalisations`.
+in the rejects frame with a reason code: rows in == accepted + rejected. Nothing in a row is changed without a
+record: code saved as a model's markdown answer is taken out of its fence when only the fenced block parses, and
+bytes that are not UTF-8 (or JSON escapes of half a UTF-16 pair) are replaced by U+FFFD; an accepted row records
+each in `normalisations`, a rejected one in its message.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import ast
 import hashlib
 import json
 import math
-import os
+import re
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,6 +23,7 @@ from typing import Any
 
 import polars as pl
 
+from dice_pipeline import settings
 from dice_pipeline.prompts import unwrap_code_answer
 from dice_pipeline.schemas import (
     CONCUR_KNOWN_COLUMNS,
@@ -29,7 +32,7 @@ from dice_pipeline.schemas import (
     CONCUR_REQUIRED_COLUMNS,
 )
 
-SOURCE_ENV_VAR = "DICE_CONCUR_SOURCE"
+SOURCE_ENV_VAR = settings.CONCUR_SOURCE.name
 DEFAULT_HF_ID = "lkongam/ConCuR"
 SOURCE_KINDS = ("embedded", "hf", "disk", "arrow", "parquet", "jsonl")
 _MAX_REJECT_FIELD_CHARS = 4000
@@ -87,10 +90,34 @@ class ConcurSource:
         if self.kind != "disk" and path.is_dir():
             raise SourceError(f"{self.kind} source {path} is a directory, not a {self.kind} file")
 
+    def check_readable(self) -> None:
+        """`check_exists`, then open a local source the way ingestion will and read its schema, not its rows: a
+        file that exists but is not what its kind says (a truncated or mislabelled Parquet file, an unreadable
+        one) is a SourceError here, before any run starts. A hub source is checked by loading it."""
+        self.check_exists()
+        path = Path(self.location)
+        if self.kind == "parquet":
+            import pyarrow.parquet as pq
+
+            with _unreadable_as_source_error(f"parquet source {path} is not a readable Parquet file"):
+                metadata = pq.ParquetFile(path).metadata
+                for index in range(metadata.num_row_groups):  # each row group's footer entry, not its data
+                    metadata.row_group(index)
+        elif self.kind == "arrow":
+            _read_arrow_file(path, schema_only=True)
+        elif self.kind == "disk":
+            markers = ("state.json", "dataset_info.json", "dataset_dict.json")
+            if not any((path / marker).is_file() for marker in markers):
+                raise SourceError(f"disk source {path} is not a save_to_disk folder (it has none of "
+                                  f"{', '.join(markers)})")
+        elif self.kind == "jsonl":
+            with _unreadable_as_source_error(f"jsonl source {path} cannot be read"), open(path, "rb") as handle:
+                handle.read(1)
+
     @classmethod
     def resolve(cls, spec: str | None = None, split: str = "train") -> ConcurSource:
         """`spec` if given, else the DICE_CONCUR_SOURCE environment variable, else the embedded seed corpus."""
-        return cls.parse(spec or os.environ.get(SOURCE_ENV_VAR), split=split)
+        return cls.parse(spec or settings.CONCUR_SOURCE.get(), split=split)
 
 
 @dataclass
@@ -100,6 +127,8 @@ class SourceRow:
     index: int
     fields: dict[str, Any] | None
     read_error: tuple[str, str] | None = None  # (reason_code, message)
+    # What reading changed in the row (bytes that are not UTF-8, replaced): recorded with it, never silent.
+    notes: tuple[str, ...] = ()
 
 
 def _table_rows(table) -> Iterator[SourceRow]:
@@ -158,36 +187,84 @@ def _unreadable_as_source_error(what: str):
         raise SourceError(f"{what} ({type(exc).__name__}: {reason})") from exc
 
 
-def _read_arrow_file(path: Path):
-    """Hugging Face writes Arrow in the streaming format; plain Arrow IPC files use the file format: try both."""
+def _read_arrow_file(path: Path, schema_only: bool = False):
+    """Hugging Face writes Arrow in the streaming format; plain Arrow IPC files use the file format: try both.
+    `schema_only`: open it and read its schema (a check that it is Arrow at all)."""
     import pyarrow as pa
 
     errors = []
     for opener in (pa.ipc.open_stream, pa.ipc.open_file):
         try:
             with pa.memory_map(str(path)) as source:
-                return opener(source).read_all()
+                reader = opener(source)
+                return reader.schema if schema_only else reader.read_all()
         except (pa.ArrowInvalid, OSError) as exc:
             errors.append(f"{opener.__name__}: {exc}")
     raise SourceError(f"{path} is not an Arrow IPC stream or file ({'; '.join(errors)})")
 
 
 def _read_jsonl(path: Path) -> Iterator[SourceRow]:
-    with open(path, encoding="utf-8", errors="replace") as handle:
+    """One row per non-empty line. Bytes that are not UTF-8 are replaced by U+FFFD, and the row says where."""
+    with open(path, "rb") as handle:
         index = 0
-        for line_number, line in enumerate(handle, start=1):
+        for line_number, raw in _numbered_lines(handle):
+            line, invalid = decode_utf8(raw)
             if not line.strip():
                 continue
+            notes = ()
+            if invalid:
+                offsets = ", ".join(str(offset) for offset in invalid[:5]) + (", ..." if len(invalid) > 5 else "")
+                notes = (f"line {line_number}: {len(invalid)} byte sequence(s) not valid UTF-8 replaced by U+FFFD "
+                         f"(at byte {offsets} of the line)",)
             try:
                 fields = json.loads(line)
             except json.JSONDecodeError as exc:
-                yield SourceRow(index, None, ("unparseable_row", f"line {line_number}: invalid JSON ({exc.msg})"))
+                yield SourceRow(index, None, ("unparseable_row", f"line {line_number}: invalid JSON ({exc.msg})"),
+                                notes)
             else:
                 if isinstance(fields, dict):
-                    yield SourceRow(index, fields)
+                    yield SourceRow(index, fields, notes=notes)
                 else:
-                    yield SourceRow(index, None, ("unparseable_row", f"line {line_number}: not a JSON object"))
+                    yield SourceRow(index, None, ("unparseable_row", f"line {line_number}: not a JSON object"), notes)
             index += 1
+
+
+def _numbered_lines(handle) -> Iterator[tuple[int, bytes]]:
+    """(line number, bytes) of a binary file, lines ended by \\n, \\r\\n or \\r as text mode would split them."""
+    number = 0
+    for chunk in handle:
+        for raw in re.split(rb"\r(?!\n)", chunk) if b"\r" in chunk else (chunk,):
+            number += 1
+            yield number, raw
+
+
+def decode_utf8(raw: bytes) -> tuple[str, list[int]]:
+    """`raw` as UTF-8 text, each invalid byte sequence replaced by U+FFFD; and the byte offset of each."""
+    parts, invalid, position = [], [], 0
+    while True:
+        try:
+            parts.append(raw[position:].decode("utf-8"))
+            return "".join(parts), invalid
+        except UnicodeDecodeError as exc:
+            parts.append(raw[position:position + exc.start].decode("utf-8"))
+            parts.append("\ufffd")
+            invalid.append(position + exc.start)
+            position += exc.end
+
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _without_lone_surrogates(fields: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """A JSON escape such as "\\ud800" decodes to half a UTF-16 pair, which no UTF-8 text (the hash, the warehouse)
+    can hold: each is replaced by U+FFFD, column by column, and recorded."""
+    notes, cleaned = [], fields
+    for column, value in fields.items():
+        if isinstance(value, str) and _LONE_SURROGATE.search(value):
+            replaced, count = _LONE_SURROGATE.subn("\ufffd", value)
+            cleaned = {**cleaned, column: replaced}
+            notes.append(f"{column}: {count} lone UTF-16 surrogate(s) (not valid Unicode text) replaced by U+FFFD")
+    return cleaned, notes
 
 
 # --- validation ---------------------------------------------------------------------------------------------
@@ -294,7 +371,7 @@ def validate_concur_rows(rows: Iterable[SourceRow], source_name: str) -> tuple[p
     seen_content: dict[str, str] = {}
     seen_uuid: dict[str, int] = {}
 
-    def reject(row: SourceRow, code: str, message: str) -> None:
+    def reject(row: SourceRow, code: str, message: str, read_notes: Iterable[str] = ()) -> None:
         uuid = row.fields.get("uuid") if row.fields else None
         rejected.append(
             {
@@ -302,16 +379,19 @@ def validate_concur_rows(rows: Iterable[SourceRow], source_name: str) -> tuple[p
                 "source_row": row.index,
                 "uuid": None if uuid is None else str(uuid),
                 "reason_code": code,
-                "message": message,
+                # what reading changed in the row is said here too: a reject is a record of the row as read
+                "message": message + "".join(f" [as read: {note}]" for note in read_notes),
                 "row_json": _reject_snapshot(row.fields),
             }
         )
 
     for row in rows:
         if row.read_error is not None:
-            reject(row, *row.read_error)
+            reject(row, *row.read_error, read_notes=row.notes)
             continue
-        fields, notes = row.fields, []
+        fields, surrogates = _without_lone_surrogates(row.fields)
+        read_notes = [*row.notes, *surrogates]  # what reading changed: kept with the row whatever becomes of it
+        unwrapped = []
         problem = check_pair(fields)
         if problem is not None and problem[0] in ("unparseable_reference", "unparseable_candidate"):
             # Only code that does not parse is looked at again, as a markdown answer (parsing is the row's main cost).
@@ -319,19 +399,21 @@ def validate_concur_rows(rows: Iterable[SourceRow], source_name: str) -> tuple[p
             for column in ("pytorch_code", "generated_code"):
                 fields[column], dropped = unwrap_code_answer(fields[column])
                 if dropped is not None:
-                    notes.append(f"{column}: code taken from a fenced markdown block ({dropped} characters around "
-                                 f"it dropped)")
-            problem = check_pair(fields) if notes else problem
+                    unwrapped.append(f"{column}: code taken from a fenced markdown block ({dropped} characters around "
+                                     f"it dropped)")
+            problem = check_pair(fields) if unwrapped else problem
         if problem is not None:
-            reject(row, *problem)  # the snapshot is the row as read, before any unwrapping
+            reject(row, *problem, read_notes=read_notes)  # the snapshot is the row as read, before any unwrapping
             continue
+        notes = read_notes + unwrapped
         uuid = str(fields["uuid"])
         digest = content_sha256(fields["pytorch_code"], fields["generated_code"])
         if digest in seen_content:
-            reject(row, "duplicate_content", f"same reference and candidate as uuid {seen_content[digest]}")
+            reject(row, "duplicate_content", f"same reference and candidate as uuid {seen_content[digest]}", read_notes)
             continue
         if uuid in seen_uuid:
-            reject(row, "duplicate_uuid", f"uuid already used by source row {seen_uuid[uuid]} with other content")
+            reject(row, "duplicate_uuid", f"uuid already used by source row {seen_uuid[uuid]} with other content",
+                   read_notes)
             continue
         seen_content[digest] = uuid
         seen_uuid[uuid] = row.index

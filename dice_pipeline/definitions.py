@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from assets import cuke, evaluation, filtering, ingestion, keys, synthesis, training, verification
+from assets import cuke, evaluation, filtering, ingestion, keys, sensors, synthesis, training, verification
 from dice_pipeline.resources import (
     GpuPool,
     KernelGeneratorResource,
@@ -33,10 +33,14 @@ ALL_ASSETS = [
     verification.verified_pairs,
     filtering.speedup_filtering,
     synthesis.structure_instances,
+    synthesis.synthetic_operator_candidates,
+    synthesis.synthetic_operator_pairs,
+    synthesis.distilled_pairs,
     cuke.cuke_samples,
     cuke.cuke_infilling,
     cuke.cuke_hf_dataset,
     cuke.rl_end_to_end_tasks,
+    training.converted_base_checkpoint,
     training.sft_checkpoint,
     training.rl_infilling_checkpoint,
     training.rl_end_to_end_checkpoint,
@@ -59,7 +63,7 @@ EVALUATION_ASSETS = [
 # Training is its own job: hours on a GPU, not part of building the data.
 main_job = dg.define_asset_job(
     "dice_main",
-    selection=(dg.AssetSelection.all() - dg.AssetSelection.assets(*EVALUATION_ASSETS)
+    selection=(dg.AssetSelection.all() - dg.AssetSelection.assets(*EVALUATION_ASSETS, keys.DISTILLED_PAIRS)
                - dg.AssetSelection.groups(keys.GROUP_TRAINING)),
     description="Ingest, verify, filter at the run's threshold partition, and build the curated dataset.",
 )
@@ -80,6 +84,14 @@ kernelbench_eval_job = dg.define_asset_job(
 kernelbench_report_job = dg.define_asset_job(
     "kernelbench_report", selection=dg.AssetSelection.assets(keys.KERNELBENCH_COMPARISON_REPORT),
     description="The comparison report across every evaluated model, beside the paper's numbers.",
+)
+
+
+# Distillation needs a generator backend (an endpoint or a checkpoint): its own job, not part of the data build.
+distill_job = dg.define_asset_job(
+    "dice_distill",
+    selection=dg.AssetSelection.assets(keys.DISTILLED_PAIRS),
+    description="Sample, verify and write ConCuR-format rows from the configured generator backend.",
 )
 
 
@@ -104,6 +116,7 @@ def build_resources() -> dict:
 
 defs = dg.Definitions(
     assets=ALL_ASSETS,
-    jobs=[main_job, training_job, kernelbench_level_job, kernelbench_eval_job, kernelbench_report_job],
+    jobs=[main_job, distill_job, training_job, kernelbench_level_job, kernelbench_eval_job, kernelbench_report_job],
     resources=build_resources(),
+    sensors=sensors.SENSORS,
 )

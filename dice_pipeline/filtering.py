@@ -7,45 +7,17 @@ Every pair gets a decision row with a reason code, so kept + dropped == ingested
 
 from __future__ import annotations
 
-import math
-from decimal import Decimal, InvalidOperation
-
 import polars as pl
 
 from dice_pipeline.schemas import SPEEDUP_FILTER_DECISIONS, SPEEDUP_FILTERED_PAIRS, conform
-
-PAPER_THRESHOLD = 2.0
-# A verifier flag: the reference runs so briefly that launch overhead dominates its timing.
-OVERHEAD_DOMINATED = "overhead_dominated"
-# Statuses that mean "the verifier found nothing wrong"; anything else drops the pair.
-_PASSING_STATUSES = ("correct", "not_executed")
-
-
-def canonical_threshold_key(value: str | float) -> str:
-    """One spelling per threshold, so "2", "2.0" and "2.00" name the same partition: "2.0"."""
-    try:
-        number = Decimal(str(value).strip())
-    except InvalidOperation:
-        raise ValueError(f"speedup threshold {value!r} is not a number") from None
-    if not number.is_finite() or number <= 0:
-        raise ValueError(f"speedup threshold {value!r} must be a positive finite number")
-    text = format(number.normalize(), "f")
-    return text if "." in text else text + ".0"
-
-
-def parse_threshold_key(key: str) -> float:
-    """The threshold a partition key stands for; rejects non-canonical spellings with the canonical one named."""
-    canonical = canonical_threshold_key(key)
-    if canonical != key:
-        raise ValueError(f"threshold partition key {key!r} is not canonical; add and use {canonical!r} instead")
-    return float(canonical)
-
+from dice_pipeline.thresholds import SpeedupThreshold, decide_at_threshold
 
 SPEEDUP_CONVENTIONS = ("gpu", "host")
 
 
 def filter_by_speedup(
-    pairs: pl.DataFrame, verified: pl.DataFrame, threshold_key: str, convention: str | None = None
+    pairs: pl.DataFrame, verified: pl.DataFrame, threshold_key: str | SpeedupThreshold,
+    convention: str | None = None
 ) -> tuple[pl.DataFrame, pl.DataFrame]:
     """Decide every pair at one threshold. Returns (kept pairs, decisions for all pairs).
 
@@ -55,7 +27,8 @@ def filter_by_speedup(
     in it and falls back to the recorded one. Every decision records the convention used."""
     if convention is not None and convention not in SPEEDUP_CONVENTIONS:
         raise ValueError(f"speedup convention must be one of {SPEEDUP_CONVENTIONS}, got {convention!r}")
-    threshold = parse_threshold_key(threshold_key)
+    threshold = threshold_key if isinstance(threshold_key, SpeedupThreshold) else \
+        SpeedupThreshold.from_partition_key(threshold_key)
     for column in ("measured_speedup_gpu", "measured_speedup_host", "speedup_convention"):
         if column not in verified.columns:  # a table written before verifier 0.3
             verified = verified.with_columns(pl.lit(None, dtype=pl.Float64 if column != "speedup_convention"
@@ -81,23 +54,15 @@ def filter_by_speedup(
             speedup, speedup_source, used_convention = row["speedup_over_eager"], "recorded", "gpu"
         else:
             speedup, speedup_source, used_convention = None, None, None
-        if row["status"] not in _PASSING_STATUSES:
-            reason = "failed_verification"
-        elif speedup is None or not math.isfinite(speedup):
-            reason = "no_speedup"
-        elif speedup_source == "measured" and OVERHEAD_DOMINATED in (row["flags"] or []):
-            reason = "overhead_dominated"  # timing is launch overhead, not kernel work: never rewarded
-        elif speedup >= threshold:
-            reason = "kept"
-        else:
-            reason = "below_threshold"
+        decision = decide_at_threshold(threshold, status=row["status"], speedup=speedup,
+                                       measured=speedup_source == "measured", flags=row["flags"] or ())
         decisions.append(
             {
-                "threshold_key": threshold_key,
-                "threshold": threshold,
+                "threshold_key": threshold.key,
+                "threshold": threshold.value,
                 "uuid": row["uuid"],
-                "kept": reason == "kept",
-                "reason_code": reason,
+                "kept": decision.kept,
+                "reason_code": decision.reason_code,
                 "speedup_used": speedup,
                 "speedup_source": speedup_source,
                 "speedup_convention": used_convention,

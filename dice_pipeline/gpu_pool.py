@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from dice_pipeline import settings
+
 # Peak resident memory of one candidate build (nvcc + cicc + the host compiler on torch/extension.h). Not measured
 # on our hosts yet (benchmarks/compile_throughput.py records it as `peak_rss_mb`); 3 GiB is the usual figure for a
 # torch extension translation unit and leaves room for ninja running main.cpp beside the CUDA file.
@@ -26,7 +28,7 @@ BUILD_MEMORY_MB = 3072
 def default_lock_dir() -> str:
     """Per-host lock directory every run on this host shares (DICE_GPU_LOCK_DIR overrides). Keep it on a local
     filesystem: flock over NFS is not reliable, and the locks are per host anyway."""
-    return os.environ.get("DICE_GPU_LOCK_DIR") or "/tmp/dice_gpu_locks"
+    return settings.GPU_LOCK_DIR.get() or "/tmp/dice_gpu_locks"
 
 
 def _lock_path(lock_dir: str | os.PathLike, device: int) -> Path:

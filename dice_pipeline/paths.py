@@ -1,39 +1,46 @@
-"""Default locations of the project's persistent state (Dagster home, warehouse file, build caches).
+"""Where the project's code and persistent state live: the source root (the folder holding the packages, put on a
+child process's PYTHONPATH), and the Dagster home, warehouse file, caches and artifacts.
 
-In a source checkout everything lives inside it (git-ignored); an installed copy falls back to ~/.dice_pipeline.
-Each default can be overridden by an environment variable.
+In a source checkout the state lives inside it (git-ignored); an installed copy falls back to ~/.dice_pipeline.
+Each default can be overridden by an environment variable (dice_pipeline/settings.py). Standard library only.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from dice_pipeline import settings
+
+
+def source_root() -> Path:
+    """The folder holding the `dice_pipeline`, `training`, `assets` and `warehouse` packages: the repository root
+    in a checkout (site-packages in an installed copy). A child process that imports our code gets it on its path."""
+    return Path(__file__).resolve().parents[1]
 
 
 def project_root() -> Path:
     """The source checkout holding this package (recognised by its workspace.yaml), else ~/.dice_pipeline."""
-    checkout = Path(__file__).resolve().parents[1]
+    checkout = source_root()
     if (checkout / "workspace.yaml").is_file():
         return checkout
     return Path.home() / ".dice_pipeline"
 
 
 def dagster_home() -> Path:
-    return Path(os.environ.get("DAGSTER_HOME") or project_root() / ".dagster_home")
+    return Path(settings.DAGSTER_HOME.get() or project_root() / ".dagster_home")
 
 
 def warehouse_path() -> Path:
-    default = project_root() / "warehouse" / "dice.duckdb"
-    return Path(os.environ.get("DICE_WAREHOUSE_PATH") or default)
+    return Path(settings.WAREHOUSE_PATH.get() or project_root() / "warehouse" / "dice.duckdb")
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("DICE_CACHE_DIR") or project_root() / ".cache")
+    return Path(settings.CACHE_DIR.get() or project_root() / ".cache")
 
 
 def artifacts_dir() -> Path:
     """Large outputs reported by path (plots, exported datasets, checkpoints)."""
-    return Path(os.environ.get("DICE_ARTIFACTS_DIR") or project_root() / "artifacts")
+    return Path(settings.ARTIFACTS_DIR.get() or project_root() / "artifacts")
 
 
 def ensure_dagster_home() -> Path:
@@ -45,17 +52,17 @@ def ensure_dagster_home() -> Path:
     if not config.exists():
         template = Path(__file__).with_name("dagster.yaml")
         config.write_text(template.read_text())
-    os.environ["DAGSTER_HOME"] = str(home)
+    settings.DAGSTER_HOME.set(str(home))
     return home
 
 
-KERNELBENCH_ENV_VAR = "DICE_KERNELBENCH_TASKS"
+KERNELBENCH_ENV_VAR = settings.KERNELBENCH_TASKS.name
 
 
 def kernelbench_tasks_path() -> Path | None:
     """KernelBench's task set (levels 1-3 as JSONL, or a KernelBench checkout's `KernelBench/` folder), used for
     decontamination and evaluation: DICE_KERNELBENCH_TASKS, else the team's shared copy beside the checkout."""
-    if os.environ.get(KERNELBENCH_ENV_VAR):
-        return Path(os.environ[KERNELBENCH_ENV_VAR])
+    if settings.KERNELBENCH_TASKS.get():
+        return Path(settings.KERNELBENCH_TASKS.get())
     shared = project_root().parent / "shared" / "data" / "kernelbench" / "tasks.jsonl"
     return shared if shared.is_file() else None

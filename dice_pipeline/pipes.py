@@ -7,9 +7,10 @@ swap: pass a `PipesK8sClient` (dagster-k8s), a Slurm or Ray Pipes client (dagste
 package's GPU-side code and the standalone `dagster-pipes` wheel (no Dagster).
 
 - `run_module_through_pipes`: any module's command line (`python -m MODULE ARGS`), unchanged, through
-  `dice_pipeline.pipes_module` (its `logging` goes to the asset log; `write_run_metadata` to the asset's metadata).
-  For the training stages, e.g. `run_module_through_pipes(context, "training.sft", ["--config", path], env=lease.env())`
-  with a `GpuPool` lease, then `return invocation.get_materialize_result()`.
+  `dice_pipeline.pipes_module` (its `logging` goes to the asset log; `write_run_metadata` to the asset's metadata);
+  with `nproc_per_node`, under `torchrun` (one process a leased GPU; rank 0 talks to Dagster). The training assets
+  start every stage this way, holding a `GpuPool` lease:
+  `run_module_through_pipes(context, "training.stages", args, nproc_per_node=n, env=lease.env())`.
 - `verify_through_pipes`: a verification batch through `dice_pipeline.verify.pipes_entry`.
 """
 
@@ -24,29 +25,48 @@ from typing import Any
 
 import dagster as dg
 
-import dice_pipeline
-
-REPO_ROOT = str(Path(dice_pipeline.__file__).resolve().parent.parent)
+from dice_pipeline.paths import source_root
 
 
 def _with_repo_on_path(env: Mapping[str, str] | None) -> dict[str, str]:
     """The child imports this checkout's code (as the verifier's own workers do), whatever is installed."""
     merged = dict(env or {})
     existing = merged.get("PYTHONPATH", os.environ.get("PYTHONPATH", ""))
-    merged["PYTHONPATH"] = os.pathsep.join(p for p in (REPO_ROOT, existing) if p)
+    merged["PYTHONPATH"] = os.pathsep.join(p for p in (str(source_root()), existing) if p)
     return merged
+
+
+def torchrun_prefix(nproc_per_node: int, python: str | None = None, log_dir: str | Path | None = None) -> list[str]:
+    """`python -m torch.distributed.run` for `nproc_per_node` processes on this host, before `-m MODULE ...`.
+    `--standalone` picks a free port, so concurrent runs on one host never meet; with `log_dir` every rank's stdout
+    and stderr are also kept there (`<log_dir>/<run id>/attempt_0/<rank>/stderr.log`)."""
+    if nproc_per_node < 1:
+        raise ValueError(f"nproc_per_node must be >= 1, got {nproc_per_node}")
+    command = [python or sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc_per_node", str(nproc_per_node)]
+    if log_dir is not None:
+        command += ["--log-dir", str(log_dir), "--tee", "3"]
+    return command
 
 
 def run_module_through_pipes(context: dg.AssetExecutionContext | dg.OpExecutionContext, module: str,
                              args: Sequence[str] = (), *, extras: Mapping[str, Any] | None = None,
                              env: Mapping[str, str] | None = None, cwd: str | None = None,
                              client: Any | None = None, python: str | None = None,
-                             wrap: bool = True) -> dg.PipesClientCompletedInvocation:
+                             wrap: bool = True, nproc_per_node: int | None = None,
+                             log_dir: str | Path | None = None) -> dg.PipesClientCompletedInvocation:
     """Run `python -m MODULE ARGS` as a Pipes external process and return its completed invocation
     (`.get_materialize_result()` for the asset's result). `wrap=False` runs a module that opens Dagster Pipes
-    itself (such as dice_pipeline.verify.pipes_entry) directly."""
+    itself (such as dice_pipeline.verify.pipes_entry) directly. `nproc_per_node`: under `torchrun`, that many
+    processes (rank 0 opens the Pipes session; `log_dir` keeps every rank's output)."""
     client = client or dg.PipesSubprocessClient()
-    command = [python or sys.executable, "-m", *(("dice_pipeline.pipes_module",) if wrap else ()), module, *args]
+    if nproc_per_node is not None:
+        if not wrap:
+            raise ValueError("under torchrun the module runs through dice_pipeline.pipes_module (wrap=True)")
+        launcher = torchrun_prefix(nproc_per_node, python, log_dir) + ["-m"]
+    else:
+        launcher = [python or sys.executable, "-m"]
+    command = [*launcher, *(("dice_pipeline.pipes_module",) if wrap else ()), module, *args]
     return client.run(context=context, command=command, extras=dict(extras or {}), env=_with_repo_on_path(env),
                       cwd=cwd)
 

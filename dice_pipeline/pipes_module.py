@@ -6,7 +6,9 @@ Started by a Pipes client (see dice_pipeline/pipes.py): the module runs as `pyth
 its Python `logging` records (INFO and up) go to the asset's log, and whatever it passes to `write_run_metadata`
 (a JSON object: metrics, output paths) is reported as the asset's materialization metadata, with the module, its
 arguments, host and wall time. Outside a Pipes run `write_run_metadata` does nothing, so the module stays a plain
-command-line program. Standard library + the standalone `dagster-pipes` package (no Dagster): runs on a GPU image.
+command-line program. Under `torchrun` only rank 0 opens the Pipes session (one log, one materialization); the other
+ranks run the module as a plain command. Standard library + the standalone `dagster-pipes` package (no Dagster):
+runs on a GPU image.
 """
 
 from __future__ import annotations
@@ -21,13 +23,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dice_pipeline import settings
+
 # Where `write_run_metadata` puts its JSON object during a Pipes run (set by `main` for the module it runs).
-METADATA_PATH_ENV = "DICE_PIPES_METADATA_PATH"
+METADATA_PATH_ENV = settings.PIPES_METADATA_PATH.name
 
 
 def write_run_metadata(metadata: dict[str, Any]) -> bool:
     """Merge `metadata` (JSON-serialisable values) into what this run reports to Dagster. False outside Pipes."""
-    path = os.environ.get(METADATA_PATH_ENV)
+    path = settings.PIPES_METADATA_PATH.get()
     if not path:
         return False
     target = Path(path)
@@ -63,7 +67,7 @@ def run_module_under_pipes(module: str, args: list[str]) -> None:
         scratch = Path(pipes.extras.get("metadata_path") or Path(os.environ.get("TMPDIR", "/tmp")) /
                        f"dice_pipes_{os.getpid()}_metadata.json")
         scratch.unlink(missing_ok=True)
-        os.environ[METADATA_PATH_ENV] = str(scratch)
+        settings.PIPES_METADATA_PATH.set(str(scratch))
         handler = _ForwardToPipes(pipes.log)
         handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
         root = logging.getLogger()
@@ -95,6 +99,13 @@ def main(argv: list[str] | None = None) -> int:
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
+    if int(os.environ.get("RANK", "0")) != 0:  # torchrun's rank: not rank 0, so not the one talking to Dagster
+        sys.argv = list(argv)
+        try:
+            runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+        except SystemExit as exc:
+            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        return 0
     run_module_under_pipes(argv[0], list(argv[1:]))
     return 0
 

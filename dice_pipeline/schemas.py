@@ -34,7 +34,8 @@ CONCUR_PAIRS = pl.Schema(
         "source_row": pl.Int64,  # 0-based row index in the source, for tracing a row back
         "content_sha256": pl.String,  # hash of the whitespace-normalised reference + candidate
         "extra_json": pl.String,  # source columns beyond CONCUR_KNOWN_COLUMNS, as a JSON object
-        "normalisations": pl.String,  # what ingestion changed in the row's code before judging it; null: nothing
+        # what reading and ingestion changed in the row (bytes not UTF-8 replaced, code unwrapped); null: nothing
+        "normalisations": pl.String,
     }
 )
 
@@ -166,6 +167,128 @@ STRUCTURE_INSTANCES = pl.Schema(
         "reject_reason": pl.String,
         "reject_message": pl.String,
         "threshold": pl.Float64,
+    }
+)
+
+
+# One row per distilled candidate (dice_pipeline/synthesis/distill.py): the structure-synthesis columns, whatever
+# the reference tasks were; `family` is the task's family where its source names one.
+DISTILLED_PAIRS = STRUCTURE_INSTANCES
+
+# Synthetic operator pairs (dice_pipeline/synthesis/operator_pairs.py): one row per generated instance, then the same
+# rows with their verdicts (held-out families are not judged: `verification` says so).
+SYNTHETIC_OPERATOR_CANDIDATES = pl.Schema({
+    "task_id": pl.String,  # <family>/<op>/<hash of reference and candidate>
+    "family": pl.String,
+    "op": pl.String,
+    "style": pl.String,  # kernel style of the candidate (grid_stride, vectorized, warp_per_row, ...)
+    "design_id": pl.String,  # candidates with the same design share their CUDA source byte for byte
+    "split": pl.String,  # train | held_out (held-out families never enter CuKe)
+    "seed": pl.Int64,
+    "instance_index": pl.Int64,
+    "params_json": pl.String,  # shapes, dims, constants, pattern
+    "pytorch_code": pl.String,  # the reference (KernelBench format)
+    "generated_code": pl.String,  # the ModelNew file
+    "generator": pl.String,
+})
+
+# A verdict's columns, as verified_pairs has them (without the pair's own id and name).
+VERDICT_COLUMNS = pl.Schema({k: v for k, v in VERIFIED_PAIRS.items() if k not in ("uuid", "problem_name")})
+
+SYNTHETIC_OPERATOR_PAIRS = pl.Schema({
+    **SYNTHETIC_OPERATOR_CANDIDATES,
+    "verification": pl.String,  # judged | held_out_not_judged
+    "from_verdict_store": pl.Boolean,  # the verdict was reused (the store or the shipped archive), not run here
+    **VERDICT_COLUMNS,
+})
+
+
+# --- CuKe (dice_pipeline/cuke): the SFT samples and their rejects, KernelBench decontamination drops, the kernel-infilling
+# split and its rejects, and the end-to-end RL task pool. The warehouse prefixes each CuKe table with the
+# threshold partition it was built for (warehouse/tables.py).
+CUKE_SFT_SAMPLES = pl.Schema(
+    {
+        "sample_id": pl.String,  # first 16 hex digits of the sha256 of the normalised reference + kernel
+        "source": pl.String,
+        "source_name": pl.String,
+        "source_id": pl.String,
+        "source_row": pl.Int64,
+        "problem_name": pl.String,
+        "threshold": pl.Float64,
+        "threshold_key": pl.String,
+        "speedup_used": pl.Float64,
+        "speedup_source": pl.String,
+        "verification_status": pl.String,
+        "verdict_id": pl.String,
+        "op_family": pl.String,
+        "family": pl.String,  # the operator-family catalogue's family ("other" where none covers the reference)
+        "difficulty": pl.Int64,
+        "difficulty_score": pl.Float64,
+        "prompt_messages": pl.String,  # JSON list of chat messages (system + user)
+        "prompt": pl.String,  # the messages rendered with the Qwen3-style template, generation prompt open
+        "response": pl.String,  # [<think>...</think>\n\n] + the ModelNew file in a python fence
+        "has_reasoning": pl.Boolean,
+        "pytorch_code": pl.String,
+        "generated_code": pl.String,
+        "prompt_chars": pl.Int64,
+        "response_chars": pl.Int64,
+    }
+)
+
+CUKE_SFT_REJECTS = pl.Schema(
+    {
+        "source": pl.String,
+        "source_id": pl.String,
+        "sample_id": pl.String,  # null where the row was rejected before it had one
+        "reason_code": pl.String,
+        "message": pl.String,
+        "kernelbench_task": pl.String,  # for kernelbench_overlap: the task it matches
+        "duplicate_of": pl.String,  # for duplicate: the sample kept instead
+    }
+)
+
+DECONTAMINATION_DROPS = pl.Schema(
+    {
+        "row_id": pl.String,
+        "kernelbench_task": pl.String,
+        "rule": pl.String,
+        "jaccard": pl.Float64,
+        "containment": pl.Float64,
+    }
+)
+
+INFILLING_REJECTS = pl.Schema({"row_id": pl.String, "reason_code": pl.String, "message": pl.String})
+
+STAGE1_TASK_SCHEMA = pl.Schema(
+    {
+        "task_id": pl.String,
+        "prompt_messages": pl.String,
+        "prompt": pl.String,
+        "pytorch_code": pl.String,
+        "reference_kernel_code": pl.String,
+        "prefix": pl.String,
+        "ground_truth_middle": pl.String,
+        "suffix": pl.String,
+        "difficulty": pl.Int64,
+        "source": pl.String,  # the sample's source (concur | structure | synthetic), where the split rows carry it
+        "family": pl.String,  # the sample's operator family
+    }
+)
+
+RL_TASK_POOL = pl.Schema(
+    {
+        "schedule_position": pl.Int64,  # 0 = first task the RL stage sees (easiest)
+        "task_id": pl.String,
+        "source": pl.String,  # the task file's path, or the ingestion source of the references
+        "file_position": pl.Int64,  # position in the source, before scheduling
+        "difficulty": pl.Int64,  # the label the schedule sorts by (0 easiest .. 3 hardest)
+        "label_source": pl.String,  # file (the task file's own label) | computed (our difficulty score)
+        "computed_difficulty": pl.Int64,
+        "computed_difficulty_score": pl.Float64,
+        "op_family": pl.String,
+        "family": pl.String,  # the operator-family catalogue's family ("other" where none covers the task)
+        "pytorch_code": pl.String,
+        "extra_json": pl.String,
     }
 )
 

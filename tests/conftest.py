@@ -110,3 +110,22 @@ def make_pair(index: int, speedup: float | None = 2.5, **extra) -> dict:
 @pytest.fixture
 def pair_factory():
     return make_pair
+
+
+@pytest.fixture(scope="session")
+def kernelbench_index():
+    """KernelBench's tasks indexed for decontamination (../shared/data/kernelbench or DICE_KERNELBENCH_TASKS);
+    tests that need them are skipped, saying so, where they are absent."""
+    from dice_pipeline.cuke.decontaminate import KernelBenchIndex
+    from dice_pipeline.paths import kernelbench_tasks_path
+
+    path = kernelbench_tasks_path()
+    if path is None:
+        pytest.skip("KernelBench's tasks are not here (../shared/data/kernelbench or DICE_KERNELBENCH_TASKS)")
+    return KernelBenchIndex.from_path(path)
+
+
+@pytest.fixture(scope="session")
+def kernelbench_tasks_by_name(kernelbench_index):
+    """Level-1 task name (e.g. "19_ReLU") -> its reference code."""
+    return {task.name: task.code for task in kernelbench_index.tasks if task.level == 1}

@@ -45,7 +45,8 @@ def test_train_decode_part_names_what_it_needs(tmp_path):
 
 
 @pytest.mark.parametrize("part, until, script", [("throughput-ab)", "train-decode)", "verify_throughput.py"),
-                                                  ("train-decode)", "scaling)", "train_pipeline_gpu.py")])
+                                                  ("train-decode)", "synthetic-pairs)", "train_pipeline_gpu.py"),
+                                                  ("synthetic-pairs)", "scaling)", "synthetic_verify_gpu.py")])
 def test_the_ab_and_train_decode_parts_pass_flags_their_scripts_know(part, until, script):
     text = SCRIPT.read_text()
     body = text[text.index(part):text.index(until)]

@@ -1,6 +1,7 @@
 """Configuration of the block-diffusion LM: a Qwen3 config plus the two keys SDAR checkpoints add (`block_size`,
-`mask_token_id`), size presets, and conversion of a Llama or Qwen3 config so an autoregressive model can be turned
-into a block-diffusion one (SDAR's recipe: keep the weights, continue training with the block-diffusion objective).
+`mask_token_id`), size presets, and conversion of a Llama, Qwen2 or Qwen3 config so an autoregressive model can be
+turned into a block-diffusion one (SDAR's recipe: keep the weights, continue training with the block-diffusion
+objective).
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ class SDARConfig(PretrainedConfig):
     """Qwen3 fields + `block_size` (tokens decoded together) + `mask_token_id` (the noise token).
 
     `use_qk_norm=False` describes a Llama-architecture model (no per-head RMSNorm on queries and keys), which is
-    the only difference that matters between the two families for this module.
+    the only difference that matters between the two families for this module. `qkv_bias=True` describes Qwen2
+    (a bias on the query, key and value projections, none on the output one, no qk-norm); `attention_bias` keeps
+    its Llama meaning, a bias on all four.
+
+    `prediction_shift` says where a masked token is predicted: 0 = at its own position (SDAR and DICE, and the
+    default for their configs, which lack the field), 1 = from the hidden state one position earlier (Dream,
+    Fast-dLLM v2: what an autoregressive head already does, so a converted model starts from its predictions).
+    The loss, the decoders and the RL replay read it through training.blocks.
     """
 
     model_type = "sdar"
@@ -38,11 +46,13 @@ class SDARConfig(PretrainedConfig):
         rms_norm_eps: float = 1e-6,
         rope_theta: float = 1_000_000.0,
         attention_bias: bool = False,
+        qkv_bias: bool = False,
         mlp_bias: bool = False,
         use_qk_norm: bool = True,
         tie_word_embeddings: bool = True,
         block_size: int = 4,
         mask_token_id: int = SDAR_MASK_TOKEN_ID,
+        prediction_shift: int = 0,
         bos_token_id: int | None = None,
         eos_token_id: int | list[int] | None = None,
         pad_token_id: int | None = None,
@@ -60,6 +70,9 @@ class SDARConfig(PretrainedConfig):
             raise ValueError(f"only the SiLU-gated MLP of Qwen3/Llama is implemented, got hidden_act={hidden_act!r}")
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if prediction_shift not in (0, 1):
+            raise ValueError(f"prediction_shift must be 0 (in place, SDAR) or 1 (shifted, Dream), "
+                             f"got {prediction_shift}")
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
@@ -73,10 +86,12 @@ class SDARConfig(PretrainedConfig):
         self.rms_norm_eps = rms_norm_eps
         self.rope_theta = rope_theta
         self.attention_bias = attention_bias
+        self.qkv_bias = qkv_bias
         self.mlp_bias = mlp_bias
         self.use_qk_norm = use_qk_norm
         self.block_size = block_size
         self.mask_token_id = mask_token_id
+        self.prediction_shift = prediction_shift
         super().__init__(
             bos_token_id=bos_token_id,
             eos_token_id=eos_token_id,
@@ -117,20 +132,28 @@ def preset_config(name: str, **overrides: Any) -> SDARConfig:
     return SDARConfig(**fields)
 
 
-def sdar_config_from(config: PretrainedConfig, block_size: int = 4, mask_token_id: int | None = None) -> SDARConfig:
-    """The `SDARConfig` describing an existing Llama or Qwen3 (or SDAR) config, for converting its weights.
+def sdar_config_from(config: PretrainedConfig, block_size: int = 4, mask_token_id: int | None = None,
+                     prediction_shift: int | None = None) -> SDARConfig:
+    """The `SDARConfig` describing an existing Llama, Qwen2 or Qwen3 (or SDAR) config, for converting its weights.
 
-    The weight names of all three families are the same, so the converted model loads the original state dict.
+    The weight names of all four families are the same, so the converted model loads the original state dict.
+    `prediction_shift` defaults to the config's own (0 for SDAR configs without the field) for an SDAR config and
+    to 1 for an autoregressive one: a conversion keeps the next-token head's alignment (see SDARConfig).
     """
     family = getattr(config, "model_type", None)
-    if family not in ("llama", "qwen3", "sdar"):
-        raise ValueError(f"can convert llama, qwen3 or sdar configs, got model_type={family!r}")
+    if family not in ("llama", "qwen2", "qwen3", "sdar"):
+        raise ValueError(f"can convert llama, qwen2, qwen3 or sdar configs, got model_type={family!r}")
+    if getattr(config, "use_sliding_window", False) or "sliding_attention" in (getattr(config, "layer_types", None)
+                                                                                 or ()):
+        raise ValueError("sliding-window attention is not implemented; only configs with full attention convert")
     rope_parameters = getattr(config, "rope_parameters", None) or {}
     rope_theta = rope_parameters.get("rope_theta", getattr(config, "rope_theta", 10_000.0))
     if mask_token_id is None:
         mask_token_id = getattr(config, "mask_token_id", None)
     if mask_token_id is None:
         raise ValueError("mask_token_id is required: add a mask token to the tokenizer first (training.tokenizer)")
+    if prediction_shift is None:
+        prediction_shift = getattr(config, "prediction_shift", 0) if family == "sdar" else 1
     return SDARConfig(
         vocab_size=config.vocab_size,
         hidden_size=config.hidden_size,
@@ -145,11 +168,14 @@ def sdar_config_from(config: PretrainedConfig, block_size: int = 4, mask_token_i
         rope_theta=rope_theta,
         rope_parameters=rope_parameters or None,
         attention_bias=getattr(config, "attention_bias", False),
+        # Qwen2's attention has q/k/v biases whatever its config says (transformers hard-codes them).
+        qkv_bias=family == "qwen2" or getattr(config, "qkv_bias", False),
         mlp_bias=getattr(config, "mlp_bias", False),
-        use_qk_norm=family != "llama" and getattr(config, "use_qk_norm", True),
+        use_qk_norm=family not in ("llama", "qwen2") and getattr(config, "use_qk_norm", True),
         tie_word_embeddings=getattr(config, "tie_word_embeddings", False),
         block_size=block_size,
         mask_token_id=mask_token_id,
+        prediction_shift=prediction_shift,
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
         pad_token_id=config.pad_token_id,

@@ -1,6 +1,10 @@
 """The block-diffusion training objective (BD3-LM / SDAR): each sample is laid out as a noisy copy x_t followed by
 the clean copy x_0 (same position ids), attention follows the block-diffusion mask, and the loss is the 1/t-weighted
-cross-entropy at masked answer positions, with no logit shift. Samples are packed into fixed-length rows.
+cross-entropy at masked answer positions. Blocks are SDAR's (training/blocks.py: counted from the sample's first
+token, prompt included). Where a masked token is predicted follows the model's `prediction_shift`: at its own
+position (SDAR), or from the hidden state one position earlier (a converted autoregressive model), which for a
+block's first token is the last token of the clean copy's previous block, as in decoding. Samples are packed into
+fixed-length rows.
 
 Exact savings over the naive layout, none of which change the loss: a noisy block with no masked token (all prompt,
 or no token drawn) is left out, since nothing attends to it and it scores nothing; the LM head is applied only to
@@ -20,6 +24,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from training.blocks import block_of, prediction_shift
 
 IGNORE_INDEX = -100
 
@@ -50,9 +56,11 @@ class BlockDiffusionBatch:
     targets: torch.Tensor
     loss_weights: torch.Tensor
     scored_index: torch.Tensor  # flat indices (into R*C) of the scored positions, precomputed to avoid a sync
+    predictor_index: torch.Tensor  # flat indices of the hidden states predicting them (== scored_index unshifted)
     num_answer_tokens: int  # loss normaliser: all answer tokens of the packed samples, masked or not
     num_clean_tokens: int  # tokens of the samples themselves (throughput is counted in these)
     num_samples: int
+    prediction_shift: int = 0  # the convention predictor_index follows: the model trained on it must share it
 
     def to(self, device) -> "BlockDiffusionBatch":
         moved = {name: value.to(device, non_blocking=True) if isinstance(value, torch.Tensor) else value
@@ -75,16 +83,18 @@ class NoisySegment:
 
 
 def noise_sample(sample: TokenizedSample, block_size: int, generator: torch.Generator,
-                 drop_unscored_blocks: bool = True, eps: float = 1e-3) -> NoisySegment:
-    """SDAR's schedule: one t ~ U(eps, 1) for the sample, then each answer token masked with probability t.
+                 drop_unscored_blocks: bool = True, eps: float = 1e-3, shift: int = 0) -> NoisySegment:
+    """SDAR's schedule: one t ~ U(eps, 1) for the sample, then each answer token masked with probability t (with
+    `shift` 1 never the first token: nothing precedes it to predict it from).
 
     With `drop_unscored_blocks=False` the segment is the full `[x_t ; x_0]` of BD3-LM/SDAR (2L tokens)."""
     t = eps + (1.0 - eps) * torch.rand((), generator=generator).item()
-    masked = (torch.rand(sample.input_ids.shape, generator=generator) < t) & sample.answer_mask
     length = sample.input_ids.numel()
+    maskable = sample.answer_mask & (torch.arange(length) >= shift)
+    masked = (torch.rand(sample.input_ids.shape, generator=generator) < t) & maskable
     if not drop_unscored_blocks:
         return NoisySegment(sample, t, masked, torch.arange(length))
-    blocks = torch.arange(length) // block_size
+    blocks = block_of(torch.arange(length), block_size)
     scored_blocks = torch.zeros(int(blocks[-1]) + 1, dtype=torch.bool).index_fill_(0, blocks[masked], True)
     return NoisySegment(sample, t, masked, torch.nonzero(scored_blocks[blocks]).flatten())
 
@@ -96,7 +106,7 @@ def align_noisy_run(segment: NoisySegment, block_size: int, tile: int) -> NoisyS
     length = segment.sample.input_ids.numel()
     if tile % block_size or length % block_size:
         return segment  # blocks cannot tile exactly; leave the run as it is
-    kept_blocks = torch.unique(segment.noisy_positions // block_size)
+    kept_blocks = torch.unique(block_of(segment.noisy_positions, block_size))
     missing = (-kept_blocks.numel() * block_size) % tile // block_size
     if missing == 0 or kept_blocks.numel() == 0:
         return segment
@@ -111,7 +121,7 @@ def align_noisy_run(segment: NoisySegment, block_size: int, tile: int) -> NoisyS
 
 
 def pack_segments(segments: Sequence[NoisySegment], mask_token_id: int, block_size: int, row_length: int,
-                  max_rows: int | None = None, pad_token_id: int = 0, tile: int | None = None):
+                  max_rows: int | None = None, pad_token_id: int = 0, tile: int | None = None, shift: int = 0):
     """Pack segments into rows of `row_length` tokens, first-fit by decreasing length (little padding, since
     dropping blocks makes segment lengths vary). With `max_rows`, segments that do not fit are returned, still
     noised, for the next batch (re-noising them would bias t towards the short segments that fit).
@@ -168,7 +178,7 @@ def pack_segments(segments: Sequence[NoisySegment], mask_token_id: int, block_si
                 batch["input_ids"][row_index, span] = tokens
                 batch["position_ids"][row_index, span] = positions
                 batch["segment_ids"][row_index, span] = segment_id
-                batch["block_ids"][row_index, span] = positions // block_size
+                batch["block_ids"][row_index, span] = block_of(positions, block_size)
                 batch["is_noisy"][row_index, span] = noisy
                 if noisy:
                     scored = masked[positions]
@@ -183,9 +193,12 @@ def pack_segments(segments: Sequence[NoisySegment], mask_token_id: int, block_si
     return BlockDiffusionBatch(
         **batch,
         scored_index=scored_index,
+        predictor_index=predictor_index(batch["position_ids"], batch["segment_ids"], batch["is_noisy"],
+                                        scored_index, block_size, shift),
         num_answer_tokens=int(sum(int(s.answer_mask.sum()) for s in packed)),
         num_clean_tokens=int(sum(s.input_ids.numel() for s in packed)),
         num_samples=len(packed),
+        prediction_shift=shift,
     ), leftover
 
 
@@ -199,11 +212,37 @@ def pack_block_diffusion(
     eps: float = 1e-3,
     pad_token_id: int = 0,
     tile: int | None = None,
+    shift: int = 0,
 ) -> BlockDiffusionBatch:
     """Noise every sample and pack all of them (as many rows as needed). A segment longer than a row is an error."""
-    segments = [noise_sample(s, block_size, generator, drop_unscored_blocks, eps) for s in samples]
-    batch, _ = pack_segments(segments, mask_token_id, block_size, row_length, pad_token_id=pad_token_id, tile=tile)
+    segments = [noise_sample(s, block_size, generator, drop_unscored_blocks, eps, shift) for s in samples]
+    batch, _ = pack_segments(segments, mask_token_id, block_size, row_length, pad_token_id=pad_token_id, tile=tile,
+                             shift=shift)
     return batch
+
+
+def predictor_index(position_ids: torch.Tensor, segment_ids: torch.Tensor, is_noisy: torch.Tensor,
+                    scored_index: torch.Tensor, block_size: int, shift: int) -> torch.Tensor:
+    """Flat indices of the hidden states that predict the scored (noisy) positions at `scored_index`. Unshifted:
+    themselves. Shifted: position p - 1's state as the decoder has it, the noisy copy's token before it when p - 1
+    is in p's block, else the clean copy's token at p - 1 (the end of the previous block, final by then). Needs
+    the layouts diffusion.py and the RL replay build: each noisy block whole and in order, and each sample's clean
+    copy contiguous from its position 0."""
+    if shift == 0:
+        return scored_index
+    positions = position_ids.flatten()
+    segments = segment_ids.flatten()
+    flat = torch.arange(positions.numel(), device=positions.device)
+    clean = (segments >= 0) & ~is_noisy.flatten()
+    keys = torch.where(clean, segments, segments.max().clamp(min=0) + 1)  # everything else to a spare slot
+    clean_first = torch.full((int(keys.max()) + 1,), positions.numel(), dtype=torch.long, device=flat.device)
+    clean_first = clean_first.scatter_reduce(0, keys, flat, "amin")
+    target = positions.index_select(0, scored_index)
+    if bool((target < 1).any()):
+        raise ValueError("a shifted model cannot predict a sequence's first token (nothing precedes it)")
+    same_block = block_of(target - 1, block_size) == block_of(target, block_size)
+    from_clean = clean_first.index_select(0, segments.index_select(0, scored_index)) + target - 1
+    return torch.where(same_block, scored_index - 1, from_clean)
 
 
 def block_diffusion_mask_mod(segment_ids: torch.Tensor, block_ids: torch.Tensor, is_noisy: torch.Tensor):
@@ -376,29 +415,40 @@ def build_attention_mask(batch: BlockDiffusionBatch, backend: str = "auto", bloc
     raise ValueError(f"backend must be 'auto', 'dense' or 'flex', got {backend!r}")
 
 
-def scored_cross_entropy(model, hidden: torch.Tensor, flat_index: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Per-position cross-entropy at the scored positions only: the LM head never sees the rest."""
-    picked = hidden.reshape(-1, hidden.shape[-1]).index_select(0, flat_index)
-    logits = model.lm_head(picked).float()
-    return F.cross_entropy(logits, targets, reduction="none")
+def scored_cross_entropy(model, input_ids: torch.Tensor, position_ids, attention_mask, flat_index: torch.Tensor,
+                         targets: torch.Tensor) -> torch.Tensor:
+    """Per-position cross-entropy at the scored positions only (flat indices into the rows): the LM head never sees
+    the rest. One call of the model's own forward, so a sharded (FSDP) model gathers its weights as it runs."""
+    logits = model(input_ids, attention_mask=attention_mask, position_ids=position_ids, logits_at=flat_index).logits
+    return F.cross_entropy(logits.float(), targets, reduction="none")
+
+
+def check_prediction_shift(model, batch: BlockDiffusionBatch) -> None:
+    """A batch laid out for one prediction shift scores the other convention's model at the wrong positions."""
+    if batch.prediction_shift != prediction_shift(model.config):
+        raise ValueError(f"the batch was packed for prediction_shift={batch.prediction_shift}, the model predicts "
+                         f"with prediction_shift={prediction_shift(model.config)}")
 
 
 def block_diffusion_loss(model, batch: BlockDiffusionBatch, attention_mask=None) -> torch.Tensor:
     """Sum over masked answer tokens of CE / t, divided by the number of answer tokens (SDAR's normalisation)."""
+    check_prediction_shift(model, batch)
     if attention_mask is None:
         attention_mask = build_attention_mask(batch)
-    hidden = model.model(batch.input_ids, batch.position_ids, attention_mask).last_hidden_state
     targets = batch.targets.flatten().index_select(0, batch.scored_index)
     weights = batch.loss_weights.flatten().index_select(0, batch.scored_index)
-    ce = scored_cross_entropy(model, hidden, batch.scored_index, targets)
+    ce = scored_cross_entropy(model, batch.input_ids, batch.position_ids, attention_mask, batch.predictor_index,
+                              targets)
     return (ce * weights).sum() / max(batch.num_answer_tokens, 1)
 
 
 def autoregressive_loss(model, input_ids: torch.Tensor, answer_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Plain next-token cross-entropy (causal attention, shifted targets), over answer tokens when given."""
-    hidden = model.model(input_ids).last_hidden_state[:, :-1]
+    rows, length = input_ids.shape
     targets = input_ids[:, 1:]
     scored = torch.ones_like(targets, dtype=torch.bool) if answer_mask is None else answer_mask[:, 1:]
-    flat_index = torch.nonzero(scored.flatten()).flatten()
-    ce = scored_cross_entropy(model, hidden, flat_index, targets.flatten().index_select(0, flat_index))
+    positions = torch.nonzero(scored.flatten()).flatten()
+    # Position j of a row (j < length - 1) predicts token j + 1: flat index row * length + j.
+    flat_index = positions // (length - 1) * length + positions % (length - 1)
+    ce = scored_cross_entropy(model, input_ids, None, None, flat_index, targets.flatten().index_select(0, positions))
     return ce.mean()

@@ -1,7 +1,8 @@
-"""The block-diffusion language model in one file: a Qwen3/Llama decoder (same parameter names as the published
-SDAR/DICE checkpoints, so `from_pretrained(dir)` loads them with no remote code) whose attention takes whatever mask
-the caller builds: a dense boolean mask (CPU, SDPA), a flex-attention `BlockMask` (GPU training) or plain causal.
-Block diffusion lives in the masks and the loss (training/diffusion.py) and in the decoder (training/generate.py).
+"""The block-diffusion language model in one file: a Qwen3/Qwen2/Llama decoder (same parameter names as the
+published SDAR/DICE checkpoints, so `from_pretrained(dir)` loads them with no remote code) whose attention takes
+whatever mask the caller builds: a dense boolean mask (CPU, SDPA), a flex-attention `BlockMask` (GPU training) or
+plain causal. Block diffusion lives in the masks and the loss (training/diffusion.py) and in the decoder
+(training/generate.py).
 """
 
 from __future__ import annotations
@@ -95,8 +96,9 @@ class KVCache:
     `start` and attends over everything up to its end; which of those keys a query may see is the mask's job, so
     the decoder can overwrite a block's provisional (noisy) keys with its final ones by simply writing again.
 
-    `start` may also be a tensor of the positions written: then the forward attends over the whole cache (its mask
-    hides what is not written yet), so every decoding step has the same shapes and can be a CUDA graph."""
+    `start` may also be a tensor of the positions written, [Q] shared by every row or [B, Q] one set a row (rows
+    decoding different blocks): then the forward attends over the whole cache (its mask hides what is not written
+    yet), so every decoding step has the same shapes and can be a CUDA graph."""
 
     def __init__(self, config: SDARConfig, batch_size: int, max_length: int, device, dtype) -> None:
         shape = (batch_size, config.num_key_value_heads, max_length, config.head_dim)
@@ -106,8 +108,13 @@ class KVCache:
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, start: int | torch.Tensor):
         if isinstance(start, torch.Tensor):
-            self.keys[layer].index_copy_(2, start, k)
-            self.values[layer].index_copy_(2, start, v)
+            if start.dim() == 1:
+                self.keys[layer].index_copy_(2, start, k)
+                self.values[layer].index_copy_(2, start, v)
+            else:
+                index = start[:, None, :, None].expand(-1, k.shape[1], -1, k.shape[-1])
+                self.keys[layer].scatter_(2, index, k)
+                self.values[layer].scatter_(2, index, v)
             return self.keys[layer], self.values[layer]
         end = start + k.shape[-2]
         if end > self.max_length:
@@ -123,11 +130,12 @@ class Attention(nn.Module):
         self.layer_index = layer_index
         self.num_heads, self.num_kv_heads, self.head_dim = (
             config.num_attention_heads, config.num_key_value_heads, config.head_dim)
-        bias = config.attention_bias
-        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
-        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        # Llama's `attention_bias` puts a bias on all four projections; Qwen2 (`qkv_bias`) on q, k and v only.
+        qkv_bias = config.attention_bias or config.qkv_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=qkv_bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.attention_bias)
         # Qwen3 normalises each head's queries and keys before RoPE; Llama does not.
         if config.use_qk_norm:
             self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps)
@@ -178,6 +186,10 @@ class SDARPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _no_split_modules = ["DecoderLayer"]
+    # Published SDAR configs say `attn_implementation: flex_attention`; transformers refuses a model that does not
+    # declare it. Attention here dispatches on the mask it is given (dense -> SDPA, BlockMask -> flex), so both hold.
+    _supports_flex_attn = True
+    _supports_sdpa = True
     # Weights are initialised by PreTrainedModel._init_weights (normal Linear/Embedding, ones for RMSNorm).
 
 
@@ -223,7 +235,7 @@ class SDARModel(SDARPreTrainedModel):
 
 def _as_attention_mask(attention_mask, length: int, cache_start: int):
     """Accept HF's 2D padding mask [B, K] (1 = real token) too, turning it into a causal 4D bool mask."""
-    if attention_mask is None and cache_start > 0:
+    if attention_mask is None and not isinstance(cache_start, torch.Tensor) and cache_start > 0:
         attention_mask = torch.ones(1, cache_start + length, dtype=torch.bool)
     if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
         keys = attention_mask.shape[1]
@@ -258,11 +270,18 @@ class SDARForCausalLM(SDARPreTrainedModel):
 
     def forward(self, input_ids: torch.Tensor, attention_mask=None, position_ids: torch.Tensor | None = None,
                 cache: KVCache | None = None, cache_start: int | torch.Tensor = 0, logits_to_keep: int = 0,
-                **unused) -> CausalLMOutputWithPast:
-        """Logits for every position (or the last `logits_to_keep`). No shift: in block diffusion position i's
-        logits predict the token at position i; an autoregressive caller reads position i's logits for i + 1."""
+                logits_at: torch.Tensor | None = None, **unused) -> CausalLMOutputWithPast:
+        """Logits for every position (or the last `logits_to_keep`), position i's from position i's hidden state.
+        Which token they predict is the config's `prediction_shift`: i's own (0, SDAR) or i + 1's (1, converted
+        autoregressive models); callers align them through training.blocks.
+
+        `logits_at` (flat indices into the [B * T] positions) projects only those positions: logits [N, V]. The
+        losses use it so the LM head never sees unscored positions, and so every training forward is one call of
+        this module (FSDP gathers the root's weights, head included, in this module's forward hook)."""
         hidden = self.model(input_ids, position_ids, attention_mask, cache, cache_start).last_hidden_state
-        if logits_to_keep:
+        if logits_at is not None:
+            hidden = hidden.reshape(-1, hidden.shape[-1]).index_select(0, logits_at)
+        elif logits_to_keep:
             hidden = hidden[:, -logits_to_keep:]
         return CausalLMOutputWithPast(logits=self.lm_head(hidden))
 

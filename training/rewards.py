@@ -12,13 +12,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
 from dice_pipeline.prompts import extract_code_block
 from dice_pipeline.verify import VerifyConfig, VerifyJob, verify_batch
-
-if TYPE_CHECKING:  # no import cycle at run time: rl.py imports this module
-    from training.rl import RLTask
+from training.tasks import RLTask
 
 INFRASTRUCTURE_ERROR = "infrastructure_error"  # == dice_pipeline.verify.verdict.Status.INFRASTRUCTURE_ERROR (0.3)
 NO_CODE = "no_code"  # the completion holds no code block to judge
@@ -31,7 +28,7 @@ class RewardRequest:
     """One rollout to judge: its task, the decoded completion, and the candidate file extracted from it (None when
     the completion holds no code)."""
 
-    task: "RLTask"
+    task: RLTask
     completion_text: str
     candidate_src: str | None
 
@@ -74,7 +71,7 @@ def _join_lines(*parts: str) -> str:
     return text
 
 
-def candidate_source(task: "RLTask", completion_text: str) -> str | None:
+def candidate_source(task: RLTask, completion_text: str) -> str | None:
     """The file to judge. End-to-end: the completion's code block (`extract_code_block`). Infilling (the task has a
     prefix or suffix): prefix + middle + suffix, the middle being the completion's code block if it wrote one (any
     fence), else the completion itself. None when there is nothing to judge."""

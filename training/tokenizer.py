@@ -77,6 +77,23 @@ def ensure_mask_token(tokenizer, model=None) -> int:
     return mask_id
 
 
+def end_of_turn_id(tokenizer) -> int:
+    """The token that closes an assistant turn, which SFT appends to every answer: `<|im_end|>` where the chat
+    template is ChatML's (ours, SmolLM2's, Qwen's, SDAR's), else the tokenizer's eos. SDAR's tokenizer names
+    `<|endoftext|>` as eos, but its chat template and generation config end a turn with `<|im_end|>`."""
+    vocab = tokenizer.get_vocab()
+    return vocab[IM_END] if IM_END in vocab else tokenizer.eos_token_id
+
+
+def stop_token_ids(tokenizer, model=None) -> list[int]:
+    """Where decoding stops: the end of turn, the tokenizer's eos and the eos ids of the model's generation config
+    (SDAR's: `<|im_end|>` and `<|endoftext|>`), in that order, each once."""
+    ids = [end_of_turn_id(tokenizer), tokenizer.eos_token_id]
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids += [configured] if isinstance(configured, int) else list(configured or [])
+    return list(dict.fromkeys(i for i in ids if i is not None))
+
+
 def iter_corpus_texts(paths: Iterable[str | Path]) -> Iterator[str]:
     """Texts of a code corpus: source files (recursively under directories), and the string fields of JSON/JSONL
     records (KernelBench task files, ConCuR-style seed corpora). Unreadable files raise, not vanish."""

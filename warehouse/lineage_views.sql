@@ -80,18 +80,58 @@ LEFT JOIN lineage.table_sources b ON b.table_name = 'speedup_filter_decisions' A
 GROUP BY d.threshold_key, d.threshold, d.reason_code
 ORDER BY d.threshold, d.reason_code;
 
--- Every rejection anywhere in the pipeline, one row each, with its stage and reason.
+-- Every rejection anywhere in the pipeline, one row each: its stage, its reason (reason_code; the threshold decision's
+-- codes are one vocabulary: dice_pipeline/thresholds.py), the verifier's status apart (verification_status), and
+-- whether the table or threshold partition it belongs to was built from another source than the one ingested now
+-- (partition_stale; such a partition is kept beside the current ones until rebuilt). `uuid` is the ConCuR uuid, or
+-- a synthesized candidate's own id. Curate: CuKe's rejects (kernelbench_overlap ones are the decontamination drops,
+-- their rule and scores in the message) and the samples the kernel-infilling split could not take.
+-- e.g. SELECT stage, reason_code, count(*) FROM lineage.rejections WHERE NOT partition_stale GROUP BY ALL;
 CREATE OR REPLACE VIEW lineage.rejections AS
-SELECT 'ingest' AS stage, NULL AS threshold_key, uuid, source_name, source_row, reason_code, message
-FROM ingest.concur_rejects
+SELECT 'ingest' AS stage, NULL::VARCHAR AS threshold_key, r.uuid, r.source_name, r.source_row, r.reason_code,
+       NULL::VARCHAR AS verification_status, r.message, coalesce(b.stale, false) AS partition_stale
+FROM ingest.concur_rejects r
+LEFT JOIN lineage.table_sources b ON b.table_name = 'concur_rejects' AND b.partition_key = ''
 UNION ALL
-SELECT 'verify', NULL, v.uuid, p.source_name, p.source_row, v.status, array_to_string(v.reason_codes, ',')
-FROM verify.verified_pairs v LEFT JOIN ingest.concur_pairs p USING (uuid)
+SELECT 'verify', NULL, v.uuid, p.source_name, p.source_row,
+       -- the threshold decision's rule: the verifier's rejections, or no usable verdict (judge again)
+       CASE WHEN v.status = 'infrastructure_error' THEN 'not_executed' ELSE 'failed_verification' END, v.status,
+       array_to_string(v.reason_codes, ','), coalesce(b.stale, false)
+FROM verify.verified_pairs v
+LEFT JOIN ingest.concur_pairs p USING (uuid)
+LEFT JOIN lineage.table_sources b ON b.table_name = 'verified_pairs' AND b.partition_key = ''
 WHERE v.status NOT IN ('correct', 'not_executed')
 UNION ALL
-SELECT 'filter', d.threshold_key, d.uuid, p.source_name, p.source_row, d.reason_code, d.verification_status
-FROM filter.speedup_filter_decisions d LEFT JOIN ingest.concur_pairs p USING (uuid)
-WHERE NOT d.kept;
+SELECT 'filter', d.threshold_key, d.uuid, p.source_name, p.source_row, d.reason_code, d.verification_status,
+       CASE WHEN d.speedup_used IS NULL THEN 'no speedup to compare with the threshold'
+            ELSE format('speedup {} ({}) against threshold {}', round(d.speedup_used, 3), d.speedup_source,
+                        d.threshold_key) END,
+       coalesce(b.stale, true)
+FROM filter.speedup_filter_decisions d
+LEFT JOIN ingest.concur_pairs p USING (uuid)
+LEFT JOIN lineage.table_sources b ON b.table_name = 'speedup_filter_decisions' AND b.partition_key = d.threshold_key
+WHERE NOT d.kept
+UNION ALL
+SELECT 'synthesis', NULL, s.job_id, s.generator_backend, s.candidate_index, s.reject_reason, s.status,
+       s.reject_message, coalesce(b.stale, false)
+FROM synthesis.structure_instances s
+LEFT JOIN lineage.table_sources b ON b.table_name = 'structure_instances' AND b.partition_key = ''
+WHERE NOT s.kept
+UNION ALL
+SELECT 'curate', c.cuke_threshold_key, c.source_id, coalesce(p.source_name, c.source), p.source_row, c.reason_code,
+       coalesce(v.status, so.status, si.status), c.message, coalesce(b.stale, true)
+FROM cuke.cuke_sft_rejects c
+LEFT JOIN ingest.concur_pairs p ON c.source = 'concur' AND p.uuid = c.source_id
+LEFT JOIN verify.verified_pairs v ON c.source = 'concur' AND v.uuid = c.source_id
+LEFT JOIN synthesis.synthetic_operator_pairs so ON c.source = 'synthetic' AND so.task_id = c.source_id
+LEFT JOIN synthesis.structure_instances si ON c.source = 'structure' AND si.job_id = c.source_id
+LEFT JOIN lineage.table_sources b ON b.table_name = 'cuke_sft_rejects' AND b.partition_key = c.cuke_threshold_key
+UNION ALL
+SELECT 'curate', i.cuke_threshold_key, sa.source_id, sa.source_name, sa.source_row, i.reason_code,
+       sa.verification_status, i.message, coalesce(b.stale, true)
+FROM cuke.cuke_infilling_rejects i
+LEFT JOIN cuke.cuke_sft_samples sa ON sa.cuke_threshold_key = i.cuke_threshold_key AND sa.sample_id = i.row_id
+LEFT JOIN lineage.table_sources b ON b.table_name = 'cuke_infilling_rejects' AND b.partition_key = i.cuke_threshold_key;
 
 -- KernelBench evaluation, per task: what the model answered, the verdict, the task's known issues and the baseline
 -- measured here. e.g. SELECT * FROM lineage.kernelbench_task_drilldown WHERE checkpoint = 'sft' AND level = 1;

@@ -8,10 +8,6 @@ from __future__ import annotations
 import polars as pl
 
 from dice_pipeline import schemas
-from dice_pipeline.cuke.decontaminate import DECONTAMINATION_DROPS
-from dice_pipeline.cuke.infilling import INFILLING_REJECTS, STAGE1_TASK_SCHEMA
-from dice_pipeline.cuke.rl_pool import RL_TASK_POOL
-from dice_pipeline.cuke.samples import CUKE_SFT_REJECTS, CUKE_SFT_SAMPLES
 from dice_pipeline.schemas import TableSpec
 
 THRESHOLD_PARTITION_COLUMN = "threshold_key"
@@ -38,12 +34,16 @@ TABLES: dict[str, TableSpec] = {
         "filter", "speedup_filtered_pairs", schemas.SPEEDUP_FILTERED_PAIRS, THRESHOLD_PARTITION_COLUMN
     ),
     "structure_instances": TableSpec("synthesis", "structure_instances", schemas.STRUCTURE_INSTANCES),
-    "cuke_sft_samples": _cuke("cuke_sft_samples", CUKE_SFT_SAMPLES),
-    "cuke_sft_rejects": _cuke("cuke_sft_rejects", CUKE_SFT_REJECTS),
-    "cuke_decontamination_drops": _cuke("cuke_decontamination_drops", DECONTAMINATION_DROPS),
-    "cuke_infilling_tasks": _cuke("cuke_infilling_tasks", STAGE1_TASK_SCHEMA),
-    "cuke_infilling_rejects": _cuke("cuke_infilling_rejects", INFILLING_REJECTS),
-    "rl_end_to_end_tasks": TableSpec("rl", "rl_end_to_end_tasks", RL_TASK_POOL),
+    "synthetic_operator_candidates": TableSpec("synthesis", "synthetic_operator_candidates",
+                                               schemas.SYNTHETIC_OPERATOR_CANDIDATES),
+    "synthetic_operator_pairs": TableSpec("synthesis", "synthetic_operator_pairs", schemas.SYNTHETIC_OPERATOR_PAIRS),
+    "distilled_pairs": TableSpec("synthesis", "distilled_pairs", schemas.DISTILLED_PAIRS),
+    "cuke_sft_samples": _cuke("cuke_sft_samples", schemas.CUKE_SFT_SAMPLES),
+    "cuke_sft_rejects": _cuke("cuke_sft_rejects", schemas.CUKE_SFT_REJECTS),
+    "cuke_decontamination_drops": _cuke("cuke_decontamination_drops", schemas.DECONTAMINATION_DROPS),
+    "cuke_infilling_tasks": _cuke("cuke_infilling_tasks", schemas.STAGE1_TASK_SCHEMA),
+    "cuke_infilling_rejects": _cuke("cuke_infilling_rejects", schemas.INFILLING_REJECTS),
+    "rl_end_to_end_tasks": TableSpec("rl", "rl_end_to_end_tasks", schemas.RL_TASK_POOL),
     "kernelbench_tasks": TableSpec("eval", "kernelbench_tasks", schemas.KERNELBENCH_TASKS, LEVEL_PARTITION_COLUMN),
     "kernelbench_baselines": TableSpec(
         "eval", "kernelbench_baselines", schemas.KERNELBENCH_BASELINES, LEVEL_PARTITION_COLUMN

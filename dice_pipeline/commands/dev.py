@@ -18,9 +18,9 @@ def ensure_paper_threshold_partition(instance) -> str:
     """Make the paper's threshold (2.0) a partition of the filter, so "Materialize all" in a fresh home has one to
     run; other thresholds are added from the UI's launch dialog ("Add a partition")."""
     from dice_pipeline import definitions
-    from dice_pipeline.filtering import PAPER_THRESHOLD, canonical_threshold_key
+    from dice_pipeline.thresholds import PAPER_THRESHOLD, SpeedupThreshold
 
-    key = canonical_threshold_key(PAPER_THRESHOLD)
+    key = SpeedupThreshold.parse(PAPER_THRESHOLD).key
     name = definitions.keys.THRESHOLD_PARTITIONS.name
     if key not in instance.get_dynamic_partitions(name):
         instance.add_dynamic_partitions(name, [key])
@@ -33,7 +33,12 @@ def start_dagster_dev(args) -> int:
     ensure_dagster_home()
     import dagster as dg
 
-    ensure_paper_threshold_partition(dg.DagsterInstance.get())
+    from dice_pipeline.commands.instance import tidy_instance
+
+    instance = dg.DagsterInstance.get()
+    for line in tidy_instance(instance):  # runs killed since the last start, partitions with a bad key
+        print(f"dice dev: {line}", flush=True)
+    ensure_paper_threshold_partition(instance)
     workspace = project_root() / "workspace.yaml"
     command = [sys.executable, "-m", "dagster", "dev", "-h", args.host, "-p", str(args.port)]
     if workspace.is_file():

@@ -1,6 +1,8 @@
 """`dice export-training-data DIR`: dump the warehouse's training tables for one threshold (CuKe SFT samples, the
 kernel-infilling tasks, the end-to-end RL pool) to JSONL files a GPU host without DuckDB can read
-(`training.stages`, `benchmarks/train_pipeline_gpu.py`), plus KernelBench's tasks for evaluation and a manifest.
+(`training.stages`, `benchmarks/train_pipeline_gpu.py`), plus KernelBench's tasks for evaluation, each task's
+operator family and the families held out of training (`kernelbench_families.json`: evaluation reports seen and
+unseen families apart), and a manifest.
 """
 
 from __future__ import annotations
@@ -12,22 +14,26 @@ import sys
 import time
 from pathlib import Path
 
+from dice_pipeline.cli import summary
+
 # file name -> (warehouse table, columns the training stages read); the partitioned CuKe tables are filtered by
 # threshold, the RL pool is not partitioned.
 EXPORTS = {
-    "sft_samples.jsonl": ("cuke_sft_samples", ["sample_id", "problem_name", "op_family", "difficulty",
-                                               "prompt_messages", "prompt", "response", "pytorch_code"]),
-    "infilling_tasks.jsonl": ("cuke_infilling_tasks", ["task_id", "prompt_messages", "pytorch_code", "prefix",
-                                                       "ground_truth_middle", "suffix", "difficulty"]),
-    "end_to_end_tasks.jsonl": ("rl_end_to_end_tasks", ["schedule_position", "task_id", "difficulty", "op_family",
-                                                       "pytorch_code"]),
+    "sft_samples.jsonl": ("cuke_sft_samples", ["sample_id", "source", "problem_name", "op_family", "family",
+                                               "difficulty", "prompt_messages", "prompt", "response", "pytorch_code"]),
+    "infilling_tasks.jsonl": ("cuke_infilling_tasks", ["task_id", "source", "family", "prompt_messages",
+                                                       "pytorch_code", "prefix", "ground_truth_middle", "suffix",
+                                                       "difficulty"]),
+    "end_to_end_tasks.jsonl": ("rl_end_to_end_tasks", ["schedule_position", "task_id", "source", "family",
+                                                       "difficulty", "op_family", "pytorch_code"]),
 }
 KERNELBENCH_FILE = "kernelbench_tasks.jsonl"
+FAMILIES_FILE = "kernelbench_families.json"
 
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("export-training-data", help="dump the training tables to JSONL for a GPU host",
-                                   description=__doc__.splitlines()[0])
+                                   description=summary(__doc__))
     parser.add_argument("out", type=Path, help="folder to write (e.g. training_data/, git-ignored)")
     parser.add_argument("--threshold", default="2.0", help="the CuKe threshold partition (canonical key)")
     parser.add_argument("--warehouse", type=Path, default=None, help="default: DICE_WAREHOUSE_PATH or the project's")
@@ -40,7 +46,8 @@ def register(subparsers) -> None:
 def export_training_data(out: Path, threshold: str, warehouse_path: Path | None = None,
                          kernelbench: Path | None = None) -> dict:
     """Write the files and `manifest.json` (row counts, threshold, warehouse, time); returns the manifest."""
-    from dice_pipeline.paths import kernelbench_tasks_path, warehouse_path as default_warehouse
+    from dice_pipeline.paths import kernelbench_tasks_path
+    from dice_pipeline.paths import warehouse_path as default_warehouse
     from warehouse import Warehouse, table_for
 
     path = warehouse_path or default_warehouse()
@@ -57,8 +64,18 @@ def export_training_data(out: Path, threshold: str, warehouse_path: Path | None 
         counts[name] = frame.height
     source = kernelbench or kernelbench_tasks_path()
     if source is not None and Path(source).is_file():
+        from dice_pipeline.cuke.family_report import kernelbench_family_map
+        from dice_pipeline.kernelbench import load_kernelbench_tasks
+        from dice_pipeline.synthesis.operators import HELD_OUT_FAMILIES
+
         shutil.copyfile(source, out / KERNELBENCH_FILE)
         counts[KERNELBENCH_FILE] = sum(1 for line in (out / KERNELBENCH_FILE).read_text().splitlines() if line.strip())
+        families = kernelbench_family_map(load_kernelbench_tasks(source).tasks)
+        covered = {key: family for key, family in families.items() if family != "not_covered"}
+        (out / FAMILIES_FILE).write_text(json.dumps({
+            "held_out_families": list(HELD_OUT_FAMILIES), "family_of": covered,
+            "not_covered": sorted(key for key in families if key not in covered)}, indent=1, sort_keys=True))
+        counts[FAMILIES_FILE] = len(families)
     manifest = dict(threshold=threshold, warehouse=str(path), rows=counts,
                     kernelbench=str(source) if KERNELBENCH_FILE in counts else None,
                     exported_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))

@@ -9,20 +9,23 @@ import argparse
 import sys
 from pathlib import Path
 
+from dice_pipeline.cli import summary
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("generate", help="generate a CUDA kernel for a KernelBench task file",
-                                   description=__doc__.splitlines()[0])
+                                   description=summary(__doc__))
     parser.add_argument("task", type=Path, help="KernelBench-format PyTorch file (class Model, get_inputs, ...)")
     parser.add_argument("--checkpoint", required=True, type=Path,
                         help="model directory (with its tokenizer), or a .gguf file")
     parser.add_argument("--decoder", choices=["block", "autoregressive"], default="block")
     parser.add_argument("--strategy", choices=["static", "dynamic"], default=None,
                         help="unmasking: static top-k a step (DICE's evaluation) or dynamic confidence threshold; "
-                             "default static, or dynamic when --threshold is given")
+                             "default static, or dynamic when --confidence-threshold is given")
     parser.add_argument("--block-size", type=int, default=None, help="default: the checkpoint's block_size")
     parser.add_argument("--steps", type=int, default=None, help="denoising steps a block (default: block size)")
-    parser.add_argument("--threshold", type=float, default=None, help="dynamic unmasking confidence (e.g. 0.9)")
+    parser.add_argument("--confidence-threshold", type=float, default=None,
+                        help="dynamic unmasking: commit every token more confident than this (e.g. 0.9)")
     parser.add_argument("--max-new-tokens", type=int, default=4096)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (DICE's evaluation)")
     parser.add_argument("--top-k", type=int, default=0)
@@ -76,10 +79,11 @@ def run_generate(args: argparse.Namespace) -> int:
         if args.decoder == "autoregressive":
             result = autoregressive_generate(model, [prompt_ids], args.max_new_tokens, progress=bar.update, **common)
         else:
-            strategy = args.strategy or ("dynamic" if args.threshold is not None else "static")
+            strategy = args.strategy or ("dynamic" if args.confidence_threshold is not None else "static")
             result = block_diffusion_generate(
                 model, [prompt_ids], args.max_new_tokens, block_size=args.block_size, steps=args.steps,
-                strategy=strategy, threshold=args.threshold if args.threshold is not None else 0.9,
+                strategy=strategy,
+                confidence_threshold=0.9 if args.confidence_threshold is None else args.confidence_threshold,
                 progress=bar.update, **common)
     response = tokenizer.decode(result.tokens[0, : int(result.lengths[0])], skip_special_tokens=True)
     print(f"{int(result.lengths[0])} tokens in {result.num_forwards} forward passes", file=sys.stderr)

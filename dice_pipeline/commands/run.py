@@ -3,7 +3,9 @@ so the runs, partitions and lineage it makes are there when you open `dice dev`.
 
 Prints a short summary (rows in, accepted, rejected by reason, kept per threshold, checks failed, what was refused
 or not run). Exit status: 0 when every step ran and every check passed; 1 when a step failed, a check failed, an
-overwrite was refused or no pair was accepted; 2 when the source cannot be read (one line says why).
+overwrite was refused or no pair was accepted; 2 when the command line is wrong (a threshold that is not a
+positive number) or the source cannot be read (missing, unreadable, an unknown format): one line says why, and no
+run is started.
 """
 
 from __future__ import annotations
@@ -13,9 +15,11 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from dice_pipeline.filtering import PAPER_THRESHOLD, canonical_threshold_key
+from dice_pipeline.thresholds import PAPER_THRESHOLD, SpeedupThreshold, ThresholdError
 
 EXIT_OK, EXIT_FAILED, EXIT_SOURCE_ERROR = 0, 1, 2
+EXIT_USAGE = 2  # a wrong argument: the same status argparse gives
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports it
 
 
 def register(subparsers) -> None:
@@ -25,7 +29,8 @@ def register(subparsers) -> None:
                         help="ConCuR source: embedded (default), hf:lkongam/ConCuR, or a path to .arrow/.parquet/"
                              ".jsonl/a save_to_disk dir (default: $DICE_CONCUR_SOURCE or embedded)")
     parser.add_argument("--threshold", action="append", default=None, metavar="X",
-                        help=f"speedup threshold(s) to filter at; repeat for several (default {PAPER_THRESHOLD})")
+                        help=f"speedup threshold(s) to filter at, a positive number; repeat for several (default "
+                             f"{PAPER_THRESHOLD}). Each is named by its canonical key: 2 and 2.00 are partition 2.0")
     parser.add_argument("--execute", choices=["auto", "always", "never"], default="auto",
                         help="run candidates on a GPU: auto (if one is present), always, never")
     parser.add_argument("--compile-without-gpu", action="store_true",
@@ -60,6 +65,8 @@ class RunSummary:
     rejected_by_reason: dict[str, int] = field(default_factory=dict)
     kept: dict[str, tuple[int, int]] = field(default_factory=dict)  # threshold -> (kept, decisions)
     cuke_samples: dict[str, int] = field(default_factory=dict)
+    cuke_by_source: dict[str, dict[str, int]] = field(default_factory=dict)
+    synthetic: dict[str, int] = field(default_factory=dict)  # judged, from stored verdicts, executed here
     failed_checks: list[str] = field(default_factory=list)
     refusals: list[str] = field(default_factory=list)
     source_errors: list[str] = field(default_factory=list)
@@ -102,6 +109,9 @@ class RunSummary:
             self.kept[partition] = (previous[0], int(value("dagster/row_count", 0)))
         elif asset == "cuke_sft_samples" and partition is not None:
             self.cuke_samples[partition] = int(value("dagster/row_count", 0))
+            self.cuke_by_source[partition] = dict((value("counts", {}) or {}).get("samples_by_source", {}))
+        elif asset == "synthetic_operator_pairs":
+            self.synthetic = {key: int(value(key, 0)) for key in ("judged", "from_verdict_store", "executed")}
 
     def _add_counts(self, value) -> None:
         if value("rows_read") is None:
@@ -156,10 +166,16 @@ class RunSummary:
             out.append(f"source: {source}")
             out.append(f"ingest: {self.rows_read} rows read, {self.accepted} accepted, {self.rejected} rejected"
                        + (f" ({reasons})" if reasons else ""))
+        if self.synthetic:
+            out.append(f"synthetic operator pairs: {self.synthetic['executed']} of {self.synthetic['judged']} "
+                       f"(the training split) have a GPU verdict, {self.synthetic['from_verdict_store']} of them "
+                       "read from stored verdicts")
         for threshold, (kept, decisions) in self.kept.items():
             samples = self.cuke_samples.get(threshold)
+            by_source = ", ".join(f"{source} {n}" for source, n in sorted(self.cuke_by_source.get(threshold, {}).items()))
             out.append(f"threshold {threshold}: {kept} of {decisions} pairs kept"
-                       + (f", {samples} CuKe samples" if samples is not None else ""))
+                       + (f", {samples} CuKe samples" if samples is not None else "")
+                       + (f" ({by_source})" if by_source else ""))
         out.append("checks failed: " + ("none" if not self.failed_checks else str(len(self.failed_checks))))
         out += [f"  {check}" for check in self.failed_checks]
         out += [f"refused: {refusal}" for refusal in self.refusals]
@@ -171,49 +187,53 @@ class RunSummary:
         return out
 
 
-def _quiet_run_config() -> dict:
-    # The console logger prints every Dagster event at DEBUG; the summary says what matters. --verbose keeps it.
-    return {"loggers": {"console": {"config": {"log_level": "CRITICAL"}}}}
-
-
 def run_main_job(args: argparse.Namespace) -> int:
     from dice_pipeline.concur import ConcurSource, SourceError
 
     try:
-        # Fail before anything runs: a missing file or an unknown format is one line, not a step failure.
+        # One canonical rule, as in the UI: 2 and 2.00 are the threshold keyed 2.0.
+        thresholds = list(dict.fromkeys(SpeedupThreshold.parse(t).key
+                                        for t in (args.threshold or [PAPER_THRESHOLD])))
+    except ThresholdError as exc:
+        print(f"dice run: --threshold: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        # Fail before any run starts: a missing, unreadable or unknown source is one line, not a failed run in the UI.
         source = ConcurSource.resolve(args.source)
-        source.check_exists()
+        source.check_readable()
     except SourceError as exc:
         print(f"dice run: source error: {exc}", file=sys.stderr)
         return EXIT_SOURCE_ERROR
-    verdict_store = _verdict_store_dir(args.verdict_store)
+    if args.verdict_store and not os.path.isdir(args.verdict_store):
+        print(f"dice run: --verdict-store {args.verdict_store}: no such directory", file=sys.stderr)
+        return EXIT_USAGE
+    verdict_store = os.path.abspath(args.verdict_store) if args.verdict_store else ""  # "" = the default store
     if not args.verbose:
         os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 
-    from dice_pipeline.paths import ensure_dagster_home
-
-    home = ensure_dagster_home()
-    import dagster as dg
-
     from dice_pipeline import definitions
+    from dice_pipeline.commands.instance import command_line_instance, interrupted, quiet_run_config, tidy_instance
+    from dice_pipeline.paths import dagster_home
+    from dice_pipeline.run_health import process_tags
 
-    thresholds = list(dict.fromkeys(canonical_threshold_key(t) for t in (args.threshold or [PAPER_THRESHOLD])))
-    instance = dg.DagsterInstance.get()
+    instance = command_line_instance()
+    home = dagster_home()
     partitions = definitions.keys.THRESHOLD_PARTITIONS
+    for line in tidy_instance(instance):
+        print(f"dice run: {line}")
     existing = set(instance.get_dynamic_partitions(partitions.name))
     new = [t for t in thresholds if t not in existing]
     if new:
         instance.add_dynamic_partitions(partitions.name, new)
 
     job = definitions.defs.resolve_job_def(definitions.main_job.name)
-    resources = {"verifier": {"config": {"execute": args.execute,
-                                         "compile_without_gpu": args.compile_without_gpu,
-                                         "verdict_store_dir": verdict_store,
-                                         "accept_verdicts_from": list(args.accept_verdicts_from)}}}
+    overrides = {"build_without_gpu": args.compile_without_gpu, "accept_verdicts_from": list(args.accept_verdicts_from),
+                 **({"verdict_store_dir": verdict_store} if verdict_store else {})}
+    resources = {"verifier": {"config": {"execute": args.execute, "overrides": overrides}}}
     ingestion = {"source": args.source,
                  "allow_source_change": args.allow_source_change or args.force,
                  "allow_empty": args.allow_empty or args.force}
-    logging = {} if args.verbose else _quiet_run_config()
+    logging = {} if args.verbose else quiet_run_config()
     print(f"dice run: ingesting {source.name}, thresholds {', '.join(thresholds)}", flush=True)
     summary = RunSummary()
     for index, threshold in enumerate(thresholds):
@@ -224,10 +244,16 @@ def run_main_job(args: argparse.Namespace) -> int:
         result = job.execute_in_process(
             run_config=run_config,
             instance=instance,
+            tags=process_tags(),  # so a later `dice run` or the UI can tell if this process was killed mid-run
             partition_key=threshold,
             asset_selection=None if index == 0 else definitions.THRESHOLD_DEPENDENT_ASSETS,
             raise_on_error=False,
         )
+        if interrupted(result, instance):
+            # Ctrl-C: every table holds what it held or what a finished step wrote (writes are transactional).
+            print(f"dice run: interrupted at threshold {threshold}; the warehouse keeps what finished steps wrote; "
+                  "run again to finish", file=sys.stderr)
+            return EXIT_INTERRUPTED
         summary.add(threshold, result, instance, definitions.THRESHOLD_DEPENDENT_ASSETS)
         if index == 0 and not result.success and len(thresholds) > 1:
             # The other thresholds would filter what is in the warehouse, not what this run was asked to ingest.
@@ -242,12 +268,3 @@ def run_main_job(args: argparse.Namespace) -> int:
         print(line)
     print(f"Dagster home: {home}  (open the UI with `dice dev`)")
     return summary.exit_code
-
-
-def _verdict_store_dir(path: str) -> str:
-    """The --verdict-store directory as an absolute path (it must exist), or "" for the default store."""
-    from pathlib import Path
-
-    if path and not Path(path).is_dir():
-        raise SystemExit(f"dice run: --verdict-store {path}: no such directory")
-    return str(Path(path).resolve()) if path else ""

@@ -13,12 +13,15 @@ import sys
 import time
 from pathlib import Path
 
+from dice_pipeline import settings
+from dice_pipeline.cli import summary
+
 
 def register(subparsers) -> None:
     from dice_pipeline.synthesis.backends import BACKENDS
 
     parser = subparsers.add_parser("synthesize", help="generate and verify structure-catalogue kernels (no Dagster)",
-                                   description=__doc__.splitlines()[0])
+                                   description=summary(__doc__))
     parser.add_argument("--out", type=Path, required=True, help="directory for structure_instances.jsonl")
     parser.add_argument("--family", action="append", default=None, help="catalogue family (repeatable; default all)")
     parser.add_argument("--n-per-task", type=int, default=1, help="candidates per task (default 1, as the asset)")
@@ -37,8 +40,6 @@ def register(subparsers) -> None:
 
 
 def run_synthesize(args: argparse.Namespace) -> int:
-    import os
-
     from dice_pipeline.synthesis import structure_catalogue, synthesize_structure_instances
     from dice_pipeline.synthesis.backends import make_generator
     from dice_pipeline.verify import VerifyConfig, VerifyJob, verify_batch
@@ -46,7 +47,7 @@ def run_synthesize(args: argparse.Namespace) -> int:
     try:
         tasks = structure_catalogue(args.family)
         generator = make_generator(args.backend, base_url=args.base_url, model=args.model,
-                                   api_key=os.environ.get("DICE_GENERATOR_API_KEY", ""),
+                                   api_key=settings.GENERATOR_API_KEY.get(),
                                    checkpoint_path=args.checkpoint)
     except ValueError as error:  # unknown family, backend settings missing
         print(f"dice synthesize: {error}", file=sys.stderr)

@@ -1,7 +1,8 @@
 """`dice verify REFERENCE.py CANDIDATE.py [--json]`: judge one candidate `ModelNew` against its KernelBench-format
-reference. Prints a one-line summary (or the verdict as JSON). Without a GPU it still runs the static checks and
-the compile (nvcc), and says what it could not run; exit code 0 only for `correct` (and `not_executed`). A candidate
-saved as a model's markdown answer is judged by its fenced code block, with a note on stderr.
+reference. Prints a one-line summary (or the verdict as JSON). Without a GPU it still runs the static checks and,
+where nvcc is installed, the compile (1-3 minutes a candidate on a 2-core machine), and says what it could not run;
+exit code 0 only for `correct` (and `not_executed`). A candidate saved as a model's markdown answer is judged by
+its fenced code block, with a note on stderr.
 """
 
 from __future__ import annotations
@@ -10,10 +11,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from dice_pipeline.cli import summary
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser("verify", help="judge a candidate CUDA kernel against its PyTorch reference",
-                                   description=__doc__.splitlines()[0])
+                                   description=summary(__doc__))
     parser.add_argument("reference", type=Path, help="KernelBench-format reference (class Model, get_inputs, ...)")
     parser.add_argument("candidate", type=Path, help="candidate file defining class ModelNew")
     parser.add_argument("--json", action="store_true", help="print the verdict as JSON")

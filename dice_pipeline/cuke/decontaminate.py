@@ -30,8 +30,10 @@ import polars as pl
 
 from dice_pipeline.cuke.normalize import code_tokens, normalized_or_collapsed, shingles
 from dice_pipeline.cuke.ops import analyze_reference
-from dice_pipeline.paths import KERNELBENCH_ENV_VAR, kernelbench_tasks_path
 from dice_pipeline.kernelbench import KernelBenchTask, load_kernelbench_tasks
+from dice_pipeline.paths import KERNELBENCH_ENV_VAR, kernelbench_tasks_path
+from dice_pipeline.schemas import DECONTAMINATION_DROPS  # declared there, used from here too
+
 
 @dataclass(frozen=True)
 class DecontaminationConfig:
@@ -68,6 +70,7 @@ class KernelBenchIndex:
         if not tasks:
             raise ValueError("no KernelBench tasks to decontaminate against")
         self.config = config or DecontaminationConfig()
+        self.tasks = list(tasks)
         self.task_keys = [task.key for task in tasks]
         raw = [self._raw_fingerprint(task.code) for task in tasks]
         document_frequency = Counter(shingle for fingerprint in raw for shingle in fingerprint.shingles)
@@ -137,17 +140,6 @@ class KernelBenchIndex:
             if candidate.rule:
                 return candidate
         return None
-
-
-DECONTAMINATION_DROPS = pl.Schema(
-    {
-        "row_id": pl.String,
-        "kernelbench_task": pl.String,
-        "rule": pl.String,
-        "jaccard": pl.Float64,
-        "containment": pl.Float64,
-    }
-)
 
 
 def decontaminate(

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import polars as pl
 
 from dice_pipeline.prompts import infilling_messages, render_chat
+from dice_pipeline.schemas import INFILLING_REJECTS, STAGE1_TASK_SCHEMA  # declared there, used from here too
 
 # Reason codes, each with what it means. A rejected row carries one of these and a message.
 REJECT_REASONS = {
@@ -231,9 +232,6 @@ def split_kernel_file(code: str) -> InfillSplit | InfillReject:
         return InfillReject(reject.reason_code, reject.message)
 
 
-INFILLING_REJECTS = pl.Schema({"row_id": pl.String, "reason_code": pl.String, "message": pl.String})
-
-
 def build_infilling_split(rows, id_column: str = "sample_id", code_column: str = "generated_code"):
     """Split every row's kernel file. Returns (splits, rejects) DataFrames; every input row lands in exactly one.
     `splits` keeps the input columns and adds prefix, middle, suffix, source_variable."""
@@ -277,26 +275,15 @@ def build_stage1_tasks(splits, id_column: str = "sample_id", reference_column: s
                 "ground_truth_middle": row["middle"],
                 "suffix": row["suffix"],
                 "difficulty": row.get("difficulty"),
+                "source": row.get("source"),
+                "family": row.get("family"),
             }
         )
     return pl.DataFrame(rows, schema=STAGE1_TASK_SCHEMA)
 
 
-STAGE1_TASK_SCHEMA = pl.Schema(
-    {
-        "task_id": pl.String,
-        "prompt_messages": pl.String,
-        "prompt": pl.String,
-        "pytorch_code": pl.String,
-        "reference_kernel_code": pl.String,
-        "prefix": pl.String,
-        "ground_truth_middle": pl.String,
-        "suffix": pl.String,
-        "difficulty": pl.Int64,
-    }
-)
-
 __all__ = [
+    "INFILLING_REJECTS",
     "REJECT_REASONS",
     "STAGE1_TASK_SCHEMA",
     "InfillReject",

@@ -1,8 +1,9 @@
 """The end-to-end RL task pool and its easy->hard schedule (the paper's data scheduling: walk the pool in order).
 
 A pool comes either from an external task file that carries its own difficulty labels (e.g. DICE's 4,000-task
-file, loaded from a path and never copied), or from PyTorch references we hold (ingested ConCuR pairs), labelled
-with our documented difficulty score. Either way every task keeps where its label came from.
+file, loaded from a path and never copied), or from PyTorch references we hold (ingested ConCuR pairs, synthetic
+operator tasks), labelled with our documented difficulty score. Either way every task keeps where its label came
+from and its operator family, and `without_families` takes the held-out families out (with a count).
 """
 
 from __future__ import annotations
@@ -12,22 +13,21 @@ from pathlib import Path
 import polars as pl
 
 from dice_pipeline.cuke.difficulty import easy_to_hard, load_rl_task_file, score_difficulty
+from dice_pipeline.schemas import RL_TASK_POOL  # declared there, used from here too
 
-RL_TASK_POOL = pl.Schema(
-    {
-        "schedule_position": pl.Int64,  # 0 = first task the RL stage sees (easiest)
-        "task_id": pl.String,
-        "source": pl.String,  # the task file's path, or the ingestion source of the references
-        "file_position": pl.Int64,  # position in the source, before scheduling
-        "difficulty": pl.Int64,  # the label the schedule sorts by (0 easiest .. 3 hardest)
-        "label_source": pl.String,  # file (the task file's own label) | computed (our difficulty score)
-        "computed_difficulty": pl.Int64,
-        "computed_difficulty_score": pl.Float64,
-        "op_family": pl.String,
-        "pytorch_code": pl.String,
-        "extra_json": pl.String,
-    }
-)
+
+def _catalogue_family(code: str) -> str:
+    from dice_pipeline.synthesis.operators import operator_family
+
+    return operator_family(code or "") or "other"
+
+
+def without_families(pool: pl.DataFrame, families: tuple[str, ...]) -> tuple[pl.DataFrame, dict[str, int]]:
+    """The pool without tasks of `families` (rescheduled positions), and how many each family lost."""
+    dropped = pool.filter(pl.col("family").is_in(list(families)))
+    kept = pool.filter(~pl.col("family").is_in(list(families))).sort("schedule_position")
+    kept = kept.with_columns(pl.int_range(pl.len(), dtype=pl.Int64).alias("schedule_position"))
+    return kept, dict(dropped.group_by("family").len().iter_rows())
 
 
 def _schedule(pool: pl.DataFrame) -> pl.DataFrame:
@@ -44,6 +44,8 @@ def pool_from_task_file(path: str | Path) -> tuple[pl.DataFrame, pl.DataFrame]:
     pool = tasks.with_columns(
         pl.lit(str(path)).alias("source"),
         pl.lit("file").alias("label_source"),
+        # computed in this thread, not through map_elements (see cuke.samples: ast.parse off the main thread)
+        pl.Series("family", [_catalogue_family(code) for code in tasks["pytorch_code"].to_list()], dtype=pl.String),
     )
     unlabelled = pool.filter(pl.col("difficulty").is_null())
     if unlabelled.height:
@@ -52,14 +54,19 @@ def pool_from_task_file(path: str | Path) -> tuple[pl.DataFrame, pl.DataFrame]:
 
 
 def pool_from_references(references: pl.DataFrame, source: str) -> pl.DataFrame:
-    """A scheduled pool from (task_id, pytorch_code) rows, labelled with our difficulty score."""
+    """A scheduled pool from (task_id, pytorch_code) rows, labelled with our difficulty score. Optional `source`
+    and `family` columns name a row's own source and family (synthetic tasks); else `source` and what the
+    reference computes."""
     rows = []
+    sources = references["source"].to_list() if "source" in references.columns else [source] * references.height
+    families = references["family"].to_list() if "family" in references.columns else [None] * references.height
     for position, (task_id, code) in enumerate(references.select("task_id", "pytorch_code").iter_rows()):
         difficulty = score_difficulty(code)
         rows.append(
             {
                 "task_id": task_id,
-                "source": source,
+                "source": sources[position],
+                "family": families[position] or _catalogue_family(code),
                 "file_position": position,
                 "difficulty": difficulty.label,
                 "label_source": "computed",

@@ -1,7 +1,8 @@
-"""CuKe SFT samples: the union of speedup-filtered ConCuR pairs and kept structure instances, each as the KernelBench
-one-shot prompt in the Qwen3-style chat template plus the `ModelNew` file as the answer (optionally after its
-reasoning trace), with lineage, op family and difficulty; deduplicated and decontaminated against KernelBench.
-Every candidate ends as a sample or a reject with a reason code (candidates == samples + rejects).
+"""CuKe SFT samples: the union of speedup-filtered ConCuR pairs, kept structure instances and judged synthetic
+operator pairs, each as the KernelBench one-shot prompt in the Qwen3-style chat template plus the `ModelNew` file
+as the answer (optionally after its reasoning trace), with lineage, op family, catalogue family and difficulty;
+deduplicated, decontaminated against KernelBench, and without the held-out families. Every candidate ends as a
+sample or a reject with a reason code (candidates == samples + rejects).
 """
 
 from __future__ import annotations
@@ -15,17 +16,18 @@ import polars as pl
 from dice_pipeline.cuke.decontaminate import DECONTAMINATION_DROPS, KernelBenchIndex, decontaminate
 from dice_pipeline.cuke.difficulty import score_difficulty
 from dice_pipeline.cuke.normalize import content_hash, normalized_or_collapsed
-from dice_pipeline.filtering import canonical_threshold_key
 from dice_pipeline.prompts import extract_code_block, format_kernel_response, kernel_generation_messages, render_chat
-from dice_pipeline.verify.verdict import REJECTING_STATUSES
+from dice_pipeline.schemas import CUKE_SFT_REJECTS, CUKE_SFT_SAMPLES  # declared there, used from here too
+from dice_pipeline.thresholds import THRESHOLD_REASONS, SpeedupThreshold, decide_at_threshold
 
 SOURCE_CONCUR = "concur"
 SOURCE_STRUCTURE = "structure"
+SOURCE_SYNTHETIC = "synthetic"
 
 # The common shape both sources are mapped to before samples are built.
 SFT_CANDIDATES = pl.Schema(
     {
-        "source": pl.String,  # concur | structure
+        "source": pl.String,  # concur | structure | synthetic
         "source_name": pl.String,  # where the rows came from (hf:lkongam/ConCuR, embedded, generator name, ...)
         "source_id": pl.String,  # ConCuR uuid or structure candidate id
         "source_row": pl.Int64,
@@ -39,60 +41,26 @@ SFT_CANDIDATES = pl.Schema(
         "speedup_source": pl.String,  # measured | recorded
         "verification_status": pl.String,  # verifier Status value; not_executed where no GPU judged it
         "verdict_id": pl.String,
+        "flags": pl.List(pl.String),  # the verdict's flags where the source carries them (synthetic pairs), else []
         "op_family": pl.String,  # the source's own family where it has one (structure catalogue), else null
         "kept_upstream": pl.Boolean,  # False for structure candidates the synthesis stage did not keep
+        # the operator-family catalogue's family (synthetic rows: the generator's; else operator_family())
+        "family": pl.String,
+        # a reason decided by the source's own stage (a synthetic pair of a held-out family), or null
+        "upstream_reason": pl.String,
+        "upstream_message": pl.String,
     }
 )
 
-CUKE_SFT_SAMPLES = pl.Schema(
-    {
-        "sample_id": pl.String,  # first 16 hex digits of the sha256 of the normalised reference + kernel
-        "source": pl.String,
-        "source_name": pl.String,
-        "source_id": pl.String,
-        "source_row": pl.Int64,
-        "problem_name": pl.String,
-        "threshold": pl.Float64,
-        "threshold_key": pl.String,
-        "speedup_used": pl.Float64,
-        "speedup_source": pl.String,
-        "verification_status": pl.String,
-        "verdict_id": pl.String,
-        "op_family": pl.String,
-        "difficulty": pl.Int64,
-        "difficulty_score": pl.Float64,
-        "prompt_messages": pl.String,  # JSON list of chat messages (system + user)
-        "prompt": pl.String,  # the messages rendered with the Qwen3-style template, generation prompt open
-        "response": pl.String,  # [<think>...</think>\n\n] + the ModelNew file in a python fence
-        "has_reasoning": pl.Boolean,
-        "pytorch_code": pl.String,
-        "generated_code": pl.String,
-        "prompt_chars": pl.Int64,
-        "response_chars": pl.Int64,
-    }
-)
-
-CUKE_SFT_REJECTS = pl.Schema(
-    {
-        "source": pl.String,
-        "source_id": pl.String,
-        "sample_id": pl.String,  # null where the row was rejected before it had one
-        "reason_code": pl.String,
-        "message": pl.String,
-        "kernelbench_task": pl.String,  # for kernelbench_overlap: the task it matches
-        "duplicate_of": pl.String,  # for duplicate: the sample kept instead
-    }
-)
-
-# Reason codes a candidate can be rejected with.
+# Reason codes a candidate can be rejected with: the threshold decision's (dice_pipeline.thresholds), and CuKe's own.
 SFT_REJECT_REASONS = {
+    **{code: meaning for code, meaning in THRESHOLD_REASONS.items() if code != "kept"},
     "not_kept_by_synthesis": "the structure-synthesis stage did not keep this candidate",
-    "failed_verification": "the verifier rejected the kernel",
-    "below_threshold": "its speedup is below the threshold",
     "empty_code": "the reference or the kernel is empty",
     "no_modelnew": "the kernel file defines no ModelNew",
     "duplicate": "the same reference and kernel (after normalisation) is already a sample",
     "kernelbench_overlap": "the reference matches a KernelBench evaluation task",
+    "held_out_family": "the reference belongs to a family held out of training (kept for evaluation)",
 }
 
 # Column names a structure-instances table may use for each candidate field (first one present wins).
@@ -130,16 +98,21 @@ def candidates_from_filtered_pairs(pairs: pl.DataFrame) -> pl.DataFrame:
         pl.col("speedup_source"),
         pl.col("verification_status"),
         pl.col("verdict_id"),
+        pl.lit([], dtype=pl.List(pl.String)).alias("flags"),  # the filter decided on them already
         pl.lit(None, dtype=pl.String).alias("op_family"),
         pl.lit(True).alias("kept_upstream"),
+        pl.lit(None, dtype=pl.String).alias("family"),
+        pl.lit(None, dtype=pl.String).alias("upstream_reason"),
+        pl.lit(None, dtype=pl.String).alias("upstream_message"),
     ).cast(dict(SFT_CANDIDATES))
 
 
-def candidates_from_structure_instances(instances: pl.DataFrame, threshold: float) -> pl.DataFrame:
+def candidates_from_structure_instances(instances: pl.DataFrame, threshold: SpeedupThreshold | float) -> pl.DataFrame:
     """Map a structure-instances table (one row per generated candidate, kept or not) to SFT candidates, reading
     each field from the first present column in STRUCTURE_COLUMN_ALIASES. Speedups there are measured."""
     if instances.height == 0:
         return pl.DataFrame(schema=SFT_CANDIDATES)
+    threshold = SpeedupThreshold.parse(threshold, allow_zero=True)
     columns = {}
     for field_name, aliases in STRUCTURE_COLUMN_ALIASES.items():
         present = next((alias for alias in aliases if alias in instances.columns), None)
@@ -157,16 +130,52 @@ def candidates_from_structure_instances(instances: pl.DataFrame, threshold: floa
         columns["pytorch_code"].cast(pl.String).alias("pytorch_code"),
         columns["generated_code"].cast(pl.String).alias("generated_code"),
         columns["generated_think"].cast(pl.String).alias("generated_think"),
-        pl.lit(threshold, dtype=pl.Float64).alias("threshold"),
-        pl.lit(canonical_threshold_key(threshold)).alias("threshold_key"),
+        pl.lit(threshold.value, dtype=pl.Float64).alias("threshold"),
+        pl.lit(threshold.key).alias("threshold_key"),
         columns["speedup_used"].cast(pl.Float64).alias("speedup_used"),
         pl.lit("measured").alias("speedup_source"),
         columns["verification_status"].cast(pl.String).alias("verification_status"),
         columns["verdict_id"].cast(pl.String).alias("verdict_id"),
+        pl.lit([], dtype=pl.List(pl.String)).alias("flags"),  # synthesis decided on them already
         columns["op_family"].cast(pl.String).alias("op_family"),
         columns["kept_upstream"].cast(pl.Boolean).alias("kept_upstream"),
+        pl.lit(None, dtype=pl.String).alias("family"),
+        pl.lit(None, dtype=pl.String).alias("upstream_reason"),
+        pl.lit(None, dtype=pl.String).alias("upstream_message"),
     )
     return frame.cast(dict(SFT_CANDIDATES))
+
+
+def candidates_from_synthetic_pairs(pairs: pl.DataFrame) -> pl.DataFrame:
+    """Map `synthetic_operator_pairs` rows (schemas.SYNTHETIC_OPERATOR_PAIRS) to SFT candidates. Their speedups are
+    measured (here or on the GPU host whose verdicts ship with the project) and decided at the threshold like any
+    other candidate's (a pair with no GPU verdict is `not_executed`); a held-out row carries its reason from here."""
+    if pairs.height == 0:
+        return pl.DataFrame(schema=SFT_CANDIDATES)
+    held_out = pl.col("split") == "held_out"
+    return pairs.with_row_index("source_row").select(
+        pl.lit(SOURCE_SYNTHETIC).alias("source"),
+        pl.col("generator").alias("source_name"),
+        pl.col("task_id").alias("source_id"),
+        pl.col("source_row").cast(pl.Int64),
+        pl.col("task_id").alias("problem_name"),
+        pl.col("pytorch_code"),
+        pl.col("generated_code"),
+        pl.lit(None, dtype=pl.String).alias("generated_think"),
+        pl.lit(None, dtype=pl.Float64).alias("threshold"),
+        pl.lit(None, dtype=pl.String).alias("threshold_key"),
+        # a speedup is only ours to use where a GPU executed the pair
+        pl.when(pl.col("executed").fill_null(False)).then(pl.col("measured_speedup")).alias("speedup_used"),
+        pl.lit("measured").alias("speedup_source"),
+        pl.col("status").fill_null("not_judged").alias("verification_status"),
+        pl.col("verdict_id"),
+        pl.col("flags").fill_null([]),
+        pl.col("family").alias("op_family"),
+        pl.lit(True).alias("kept_upstream"),
+        pl.col("family"),
+        pl.when(held_out).then(pl.lit("held_out_family")).alias("upstream_reason"),
+        pl.when(held_out).then(pl.format("family {} is held out of training", "family")).alias("upstream_message"),
+    ).cast(dict(SFT_CANDIDATES))
 
 
 @dataclass
@@ -175,18 +184,21 @@ class SftBuild:
     rejects: pl.DataFrame  # CUKE_SFT_REJECTS
     decontamination_drops: pl.DataFrame  # decontaminate.DECONTAMINATION_DROPS, with scores per dropped row
     counts: dict = field(default_factory=dict)
+    candidates: pl.DataFrame | None = None  # SFT_CANDIDATES: every candidate, with its family
 
 
 def _upstream_reject(candidate: dict) -> tuple[str, str] | None:
-    threshold = candidate["threshold"]
+    if candidate["upstream_reason"] is not None:
+        return candidate["upstream_reason"], candidate["upstream_message"] or candidate["upstream_reason"]
     if candidate["kept_upstream"] is False:
         return "not_kept_by_synthesis", "kept=False in the structure-instances table"
     status = candidate["verification_status"]
-    if status in {s.value for s in REJECTING_STATUSES}:
-        return "failed_verification", f"verification_status={status}"
-    speedup = candidate["speedup_used"]
-    if speedup is not None and speedup < threshold:
-        return "below_threshold", f"speedup {speedup:.3f} < threshold {threshold}"
+    decision = decide_at_threshold(
+        SpeedupThreshold.parse(candidate["threshold_key"], allow_zero=True),
+        status=None if status == "not_judged" else status, speedup=candidate["speedup_used"],
+        measured=candidate["speedup_source"] == "measured", flags=candidate["flags"] or ())
+    if not decision.kept:
+        return decision.reason_code, decision.message
     pytorch_code, generated_code = candidate["pytorch_code"], candidate["generated_code"]
     if not (pytorch_code or "").strip() or not (generated_code or "").strip():
         return "empty_code", "pytorch_code or generated_code is empty"
@@ -203,11 +215,13 @@ def _kernel_file(generated_code: str) -> str:
 def build_sft_samples(
     filtered_pairs: pl.DataFrame | None,
     structure_instances: pl.DataFrame | None,
-    threshold: float,
+    threshold: SpeedupThreshold | float,
     kernelbench_index: KernelBenchIndex | None = None,
     include_reasoning: bool = True,
     enable_thinking: bool | None = None,
-    structure_threshold: float | None = None,
+    structure_threshold: SpeedupThreshold | float | None = None,
+    synthetic_pairs: pl.DataFrame | None = None,
+    held_out_families: tuple[str, ...] = (),
 ) -> SftBuild:
     """Build CuKe SFT samples from the speedup-filtered pairs and the structure instances at `threshold`.
 
@@ -217,14 +231,29 @@ def build_sft_samples(
     `generated_think` before the answer as `<think>...</think>`; `enable_thinking` is passed to the template for
     the prompt (False pre-fills an empty think block, Qwen3's no-thinking mode). `structure_threshold` is the
     speedup structure instances must reach (the paper keeps them when "correct and faster", i.e. > 1.0, whatever
-    the ConCuR threshold); None applies `threshold` to them too."""
+    the ConCuR threshold); None applies `threshold` to them too. `synthetic_pairs` (judged synthetic operator pairs)
+    are held to `threshold` like ConCuR pairs. A candidate of any source whose reference belongs to one of
+    `held_out_families` (by `operators.operator_family`; a synthetic row by its generator's split) is rejected as
+    `held_out_family`, so those families never enter training."""
+    from dice_pipeline.synthesis.operators import operator_family
+
+    threshold = SpeedupThreshold.parse(threshold)
     frames = []
     if filtered_pairs is not None:
         frames.append(candidates_from_filtered_pairs(filtered_pairs))
     if structure_instances is not None:
         structure_min = threshold if structure_threshold is None else structure_threshold
         frames.append(candidates_from_structure_instances(structure_instances, structure_min))
+    if synthetic_pairs is not None:
+        frames.append(candidates_from_synthetic_pairs(synthetic_pairs).with_columns(
+            pl.lit(threshold.value, dtype=pl.Float64).alias("threshold"),
+            pl.lit(threshold.key).alias("threshold_key")))
     candidates = pl.concat(frames) if frames else pl.DataFrame(schema=SFT_CANDIDATES)
+    # Every row's catalogue family: the generator's own for synthetic rows, else what its reference computes
+    # (in this thread: ast.parse from polars' worker threads trips CPython 3.11's AST recursion bookkeeping).
+    families = [family if family is not None else (operator_family(code or "") or "other")
+                for family, code in zip(candidates["family"].to_list(), candidates["pytorch_code"].to_list())]
+    candidates = candidates.with_columns(pl.Series("family", families, dtype=pl.String))
     # Fastest first, so that of duplicate kernels the fastest measurement is the one kept (stable for ties).
     candidates = candidates.sort("speedup_used", descending=True, nulls_last=True, maintain_order=True)
 
@@ -245,8 +274,11 @@ def build_sft_samples(
             }
         )
 
+    held_out = set(held_out_families)
     for candidate in candidates.iter_rows(named=True):
         problem = _upstream_reject(candidate)
+        if problem is None and candidate["family"] in held_out:
+            problem = "held_out_family", f"family {candidate['family']} is held out of training"
         if problem is not None:
             reject(candidate, *problem)
             continue
@@ -293,13 +325,15 @@ def build_sft_samples(
         "candidates_by_source": dict(Counter(candidates["source"].to_list())),
         "samples": samples.height,
         "samples_by_source": dict(Counter(samples["source"].to_list())),
+        "samples_by_family": dict(Counter(samples["family"].to_list())),
         "rejected_by_reason": dict(reasons),
         "duplicates_dropped": reasons.get("duplicate", 0),
         "decontaminated": reasons.get("kernelbench_overlap", 0),
         "not_executed": int((samples["verification_status"] == "not_executed").sum()),
-        "threshold": threshold,
+        "threshold": threshold.value,
     }
-    return SftBuild(samples=samples, rejects=reject_frame, decontamination_drops=drops, counts=counts)
+    return SftBuild(samples=samples, rejects=reject_frame, decontamination_drops=drops, counts=counts,
+                    candidates=candidates)
 
 
 def _sample(candidate: dict, include_reasoning: bool, enable_thinking: bool | None) -> dict:
@@ -323,6 +357,7 @@ def _sample(candidate: dict, include_reasoning: bool, enable_thinking: bool | No
         "verification_status": candidate["verification_status"],
         "verdict_id": candidate["verdict_id"],
         "op_family": candidate["op_family"] or difficulty.op_family,
+        "family": candidate["family"],
         "difficulty": difficulty.label,
         "difficulty_score": difficulty.score,
         "prompt_messages": json.dumps(messages),
@@ -346,4 +381,5 @@ __all__ = [
     "build_sft_samples",
     "candidates_from_filtered_pairs",
     "candidates_from_structure_instances",
+    "candidates_from_synthetic_pairs",
 ]

@@ -25,8 +25,9 @@ class EvalGenerationSettings:
     decoding: str = "auto"  # auto: block_diffusion for a model with block_size + mask_token_id, else autoregressive
     block_size: int = 4
     steps: int = 4
-    strategy: str = "static"  # the paper's "static decoding"; "dynamic" commits every token above `threshold`
-    threshold: float = 0.9
+    # the paper's "static decoding"; "dynamic" also commits every token more confident than `confidence_threshold`
+    strategy: str = "static"
+    confidence_threshold: float = 0.9
     max_new_tokens: int = 4096
     samples: int = 1  # k for pass@k; > 1 needs temperature > 0 to differ
     temperature: float = 0.0  # 0 = greedy
@@ -45,6 +46,18 @@ class EvalGenerationSettings:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def _token_bar(total: int):
+    """A progress bar of the answer tokens a batch has committed (at most `total`: rows stopping early end short of
+    it), shown only on a terminal: on a CPU a batch can take minutes, and the task bar moves once it is done."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm comes with transformers; without it, no bar
+        import contextlib
+
+        return contextlib.nullcontext(type("NoBar", (), {"update": staticmethod(lambda n: None)})())
+    return tqdm(total=total, desc="tokens of this batch", unit="tok", leave=False, disable=None)
 
 
 def _sample_dict(text: str, *, backend: str, model: str, finish_reason: str, latency_s: float,
@@ -92,13 +105,9 @@ class CheckpointGenerator:
         return cls(model.to(device).eval(), tokenizer, settings, model_name=str(path))
 
     def _eos_ids(self) -> list[int]:
-        eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        if eos is None:
-            eos = self.tokenizer.eos_token_id
-        ids = [] if eos is None else [eos] if isinstance(eos, int) else list(eos)
-        vocab = self.tokenizer.get_vocab()
-        im_end = self.tokenizer.convert_tokens_to_ids("<|im_end|>") if "<|im_end|>" in vocab else None
-        return ids + ([im_end] if im_end is not None and im_end not in ids else [])
+        from training.tokenizer import stop_token_ids  # the stops training's rollouts use
+
+        return stop_token_ids(self.tokenizer, self.model)
 
     def _prompt_ids(self, task: KernelBenchTask) -> list[int]:
         text = self.tokenizer.apply_chat_template(kernel_generation_messages(task.code), tokenize=False,
@@ -119,10 +128,12 @@ class CheckpointGenerator:
             if self.decoding == "block_diffusion":
                 from training.generate import block_diffusion_generate
 
-                result = block_diffusion_generate(
-                    self.model, prompts, s.max_new_tokens, block_size=s.block_size, steps=s.steps,
-                    strategy=s.strategy, threshold=s.threshold, temperature=s.temperature, top_p=s.top_p,
-                    eos_token_id=eos_ids or None, pad_token_id=pad_id, generator=generator)
+                with _token_bar(len(prompts) * s.max_new_tokens) as bar:
+                    result = block_diffusion_generate(
+                        self.model, prompts, s.max_new_tokens, block_size=s.block_size, steps=s.steps,
+                        strategy=s.strategy, confidence_threshold=s.confidence_threshold,
+                        temperature=s.temperature, top_p=s.top_p, eos_token_id=eos_ids or None, pad_token_id=pad_id,
+                        generator=generator, progress=bar.update)
                 rows, lengths = result.tokens.tolist(), result.lengths.tolist()
             else:
                 rows, lengths = self._hf_generate(prompts, eos_ids, pad_id, seed)

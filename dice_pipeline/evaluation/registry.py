@@ -13,9 +13,11 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from dice_pipeline import settings
+
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")  # valid as a Dagster partition key, no "|" or ","
 KINDS = ("checkpoint", "endpoint")
-REGISTRY_ENV_VAR = "DICE_EVAL_CHECKPOINTS"
+REGISTRY_ENV_VAR = settings.EVAL_CHECKPOINTS.name
 EVAL_CHECKPOINT_PARTITIONS_NAME = "eval_checkpoint"  # the Dagster dynamic partitions definition holding the names
 
 
@@ -42,7 +44,7 @@ class EvalModel:
 def registry_path() -> Path:
     from dice_pipeline.paths import dagster_home
 
-    return Path(os.environ.get(REGISTRY_ENV_VAR) or dagster_home() / "eval_checkpoints.json")
+    return Path(settings.EVAL_CHECKPOINTS.get() or dagster_home() / "eval_checkpoints.json")
 
 
 def load_registry(path: str | os.PathLike | None = None) -> dict[str, EvalModel]:

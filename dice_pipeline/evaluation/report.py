@@ -31,8 +31,9 @@ def comparison_markdown(metric_rows: Sequence[dict[str, Any]]) -> str:
              f"p over eager PyTorch measured on the same GPU in the same worker (`speedup_{FAST_P_CONVENTION}`: "
              "GPU-time convention, flush and call enqueued back to back, as KernelBench / do_bench; "
              "`speedup_host` shown in the detail table). `*`: the evaluation ran without a GPU or some tasks were "
-             "not executed: those rates are not measured results. `†`: the evaluation stopped before every task was "
-             "generated and judged (a time box): tasks without a verdict count as failures.", ""]
+             "not executed: those rates are not measured results. `†`: incomplete: the evaluation stopped before every "
+             "task was generated and judged (a time box: tasks without a verdict count as failures), or took only the "
+             "level's first tasks (`--max-tasks`, a smoke test: rates over those tasks).", ""]
     for tolerance in ("1e-2", "1e-4"):
         rows = [r for r in metric_rows if r["tolerance"] == tolerance]
         lines += [f"## atol = rtol = {tolerance}" + (" (the paper's tolerance)" if tolerance == "1e-2" else

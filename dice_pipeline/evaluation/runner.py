@@ -36,6 +36,33 @@ def state_key(name: str, identity: dict[str, Any]) -> str:
     return f"{name}-{digest}"
 
 
+def state_key_settings(settings) -> dict[str, Any]:
+    """The generation settings (EvalGenerationSettings) as the state key hashes them: `confidence_threshold` under
+    its earlier name `threshold`, so an evaluation interrupted before the rename resumes in the same directory."""
+    values = settings.to_dict()
+    values["threshold"] = values.pop("confidence_threshold")
+    return values
+
+
+def default_state_dir(model, settings, level: int, checkpoint_path: str = "") -> Path:
+    """Where an evaluation of `model` (an EvalModel) at `settings` on `level` keeps its generations and verdicts:
+    <cache>/kernelbench_eval/<name>-<hash of the model, its path and the settings>/level<N>."""
+    import dataclasses
+
+    from dice_pipeline.paths import cache_dir
+
+    identity = {**dataclasses.asdict(model), "path": checkpoint_path or model.path,
+                "settings": state_key_settings(settings)}
+    return cache_dir() / "kernelbench_eval" / state_key(model.name, identity) / f"level{level}"
+
+
+def stored_progress(state_dir: str | os.PathLike) -> tuple[int, int]:
+    """(generations, verdicts) an evaluation's state directory holds: what a rerun will not redo."""
+    root = Path(state_dir)
+    return tuple(len(list((root / part).glob("*.json"))) if (root / part).is_dir() else 0  # type: ignore[return-value]
+                 for part in ("generations", "verdicts"))
+
+
 def _file_name(task_key: str, sample_index: int) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "__", task_key) + f"__s{sample_index}.json"
 

@@ -11,18 +11,16 @@ from typing import Any
 
 from dice_pipeline.synthesis.candidates import GeneratedCandidate, GenerationError, KernelGenerator
 from dice_pipeline.synthesis.catalogue import StructureTask
-from dice_pipeline.verify.verdict import Status, Verdict
+from dice_pipeline.thresholds import SpeedupThreshold, decide_at_threshold
+from dice_pipeline.verify.verdict import Verdict
 
 VerifierFn = Callable[[list[tuple[str, str, str]]], list[Verdict]]
 
-# reject_reason codes (a verdict's own status is used for verifier rejections: compile_error, incorrect, ...)
+# reject_reason codes of the candidates never judged; a judged one's is the threshold decision's
+# (dice_pipeline.thresholds.THRESHOLD_REASONS: failed_verification, not_executed, no_speedup, ...).
 GENERATION_FAILED = "generation_failed"
 NO_CODE_BLOCK = "no_code_block"
 DUPLICATE_CANDIDATE = "duplicate_candidate"
-NOT_EXECUTED = "not_executed"
-NO_SPEEDUP_MEASURED = "no_speedup_measured"
-OVERHEAD_DOMINATED = "overhead_dominated"
-BELOW_THRESHOLD = "below_threshold"
 
 STRUCTURE_INSTANCE_COLUMNS = (
     "task_id", "family", "model_family", "shape_json", "candidate_index", "job_id", "generator_backend",
@@ -31,12 +29,12 @@ STRUCTURE_INSTANCE_COLUMNS = (
 )
 
 
-def _base_row(task: StructureTask, threshold: float) -> dict[str, Any]:
+def _base_row(task: StructureTask, threshold: SpeedupThreshold) -> dict[str, Any]:
     return {"task_id": task.task_id, "family": task.family, "model_family": task.model_family,
-            "shape_json": task.shape_json(), "threshold": float(threshold)}
+            "shape_json": task.shape_json(), "threshold": threshold.value}
 
 
-def _candidate_row(task: StructureTask, threshold: float, candidate: GeneratedCandidate, index: int) -> dict[str, Any]:
+def _candidate_row(task: StructureTask, threshold: SpeedupThreshold, candidate: GeneratedCandidate, index: int) -> dict[str, Any]:
     row = _base_row(task, threshold)
     row.update(
         candidate_index=index,
@@ -58,34 +56,29 @@ def _candidate_row(task: StructureTask, threshold: float, candidate: GeneratedCa
     return row
 
 
-def judge_verdict(verdict: Verdict, threshold: float) -> tuple[bool, str | None, str | None]:
-    """(kept, reject_reason, message): kept only when correct, timed, not overhead-dominated and speedup >= threshold."""
-    if verdict.status == Status.NOT_EXECUTED:
-        detail = "; ".join(r.message for r in verdict.reasons) or "verification needs a GPU"
-        return False, NOT_EXECUTED, f"not executed, so not kept as faster: {detail}"
-    if verdict.status != Status.CORRECT:
-        codes = ",".join(verdict.reason_codes())
-        return False, verdict.status.value, f"{verdict.status.value}" + (f": {codes}" if codes else "")
-    if verdict.speedup is None:
-        return False, NO_SPEEDUP_MEASURED, "correct, but the verdict carries no speedup"
-    if OVERHEAD_DOMINATED in verdict.flags:
-        return False, OVERHEAD_DOMINATED, "correct, but timing is dominated by launch overhead"
-    if verdict.speedup < threshold:
-        return False, BELOW_THRESHOLD, f"correct at {verdict.speedup:.3f}x, below the {threshold}x threshold"
-    return True, None, None
+def judge_verdict(verdict: Verdict, threshold: SpeedupThreshold | float) -> tuple[bool, str | None, str | None]:
+    """(kept, reject_reason, message): the one threshold decision (dice_pipeline.thresholds) on a verdict measured
+    here; kept only when correct, timed, not overhead-dominated and speedup >= threshold."""
+    detail = "; ".join(r.message for r in verdict.reasons) or ",".join(verdict.reason_codes())
+    if verdict.status.value == "not_executed" and not detail:
+        detail = "verification needs a GPU"
+    decision = decide_at_threshold(SpeedupThreshold.parse(threshold, allow_zero=True), status=verdict.status.value,
+                                   speedup=verdict.speedup, measured=True, flags=verdict.flags, detail=detail)
+    return (True, None, None) if decision.kept else (False, decision.reason_code, decision.message)
 
 
 def synthesize_structure_instances(
-    tasks: Sequence[StructureTask],
+    tasks: Sequence[StructureTask],  # or any task with task_id, family, model_family, pytorch_code, shape_json()
     generator: KernelGenerator,
     verifier_fn: VerifierFn,
     n_per_task: int,
-    threshold: float,
+    threshold: SpeedupThreshold | float,
     *,
     seed: int = 0,
 ) -> list[dict[str, Any]]:
     """One row per candidate (and one per task whose generation failed). Candidates with identical code within a
     task are verified once; later copies are rows with reject_reason `duplicate_candidate`."""
+    threshold = SpeedupThreshold.parse(threshold, allow_zero=True)  # 0: every correct one (distillation)
     if n_per_task < 1:
         raise ValueError(f"n_per_task must be >= 1, got {n_per_task}")
     rows: list[dict[str, Any]] = []

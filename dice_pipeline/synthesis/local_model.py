@@ -147,7 +147,7 @@ class TransformersGenerator:
 
         generator = torch.Generator(device=device).manual_seed(seed)
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        options = {"strategy": "dynamic", "threshold": 0.9, **self.block_diffusion_options}
+        options = {"strategy": "dynamic", "confidence_threshold": 0.9, **self.block_diffusion_options}
         result = block_diffusion_generate(
             self.model, [prompt_ids] * n, self.max_new_tokens, temperature=self.temperature, top_k=self.top_k,
             top_p=self.top_p, eos_token_id=eos_ids or None, pad_token_id=pad_id, generator=generator, **options,

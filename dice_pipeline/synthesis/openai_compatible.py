@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dice_pipeline import settings
 from dice_pipeline.synthesis.candidates import GeneratedCandidate, GenerationError, check_sample_count
 
-ENV_BASE_URL = "DICE_GENERATOR_BASE_URL"
-ENV_MODEL = "DICE_GENERATOR_MODEL"
-ENV_API_KEY = "DICE_GENERATOR_API_KEY"
+ENV_BASE_URL = settings.GENERATOR_BASE_URL.name
+ENV_MODEL = settings.GENERATOR_MODEL.name
+ENV_API_KEY = settings.GENERATOR_API_KEY.name
 RETRYABLE_HTTP_STATUSES = frozenset({408, 409, 429, 500, 502, 503, 504})
 CACHE_FORMAT_VERSION = 1
 
@@ -62,9 +63,9 @@ class OpenAICompatibleConfig:
     def from_env(cls, **overrides: Any) -> OpenAICompatibleConfig:
         """Config with base URL, model and key from DICE_GENERATOR_* env vars unless given explicitly."""
         values = {
-            "base_url": os.environ.get(ENV_BASE_URL, ""),
-            "model": os.environ.get(ENV_MODEL, ""),
-            "api_key": os.environ.get(ENV_API_KEY, ""),
+            "base_url": settings.GENERATOR_BASE_URL.get(),
+            "model": settings.GENERATOR_MODEL.get(),
+            "api_key": settings.GENERATOR_API_KEY.get(),
         }
         values.update({k: v for k, v in overrides.items() if v is not None and v != ""})
         return cls(**values)

@@ -187,17 +187,28 @@ class BuildGroup:
 
 
 def plan_build_groups(candidates: list[tuple[int, str]], size: int) -> list[BuildGroup]:
-    """Groups of at most `size` extensions (2 or more) from candidates `(index, source)`: a candidate joins a group
-    only with all of its extensions, and only when they all have one signature. Candidates left out build alone."""
+    """Groups of at most `size` extensions from candidates `(index, source)` (2 or more candidates a group): a
+    candidate joins a group only with all of its extensions, and only when they all have one signature; one whose
+    extensions are all already in a group joins it as a member sharing them. Candidates left out build alone."""
     if size < 2:
         return []
     by_signature: dict[str, list[BuildGroup]] = {}
+    # Candidates whose extensions are byte-for-byte ones already planned join that group without adding to it:
+    # their extensions are built once and found in the cache (same content, same build key).
+    planned: dict[str, tuple[BuildGroup, int]] = {}
     for index, source in candidates:
         calls = read_inline_extensions(source)
         if not calls or not all(groupable(call) for call in calls):
             continue
         signatures = {group_signature(call) for call in calls}
         if len(signatures) != 1 or len(calls) > size:
+            continue
+        contents = [json.dumps(call, sort_keys=True, default=str) for call in calls]
+        found = [planned.get(content) for content in contents]
+        if all(found) and len({id(group) for group, _ in found}) == 1:
+            group = found[0][0]
+            group.indices.append(index)
+            group.members[index] = [member for _, member in found]
             continue
         signature = signatures.pop()
         groups = by_signature.setdefault(signature, [])
@@ -206,6 +217,8 @@ def plan_build_groups(candidates: list[tuple[int, str]], size: int) -> list[Buil
         group = groups[-1]
         group.indices.append(index)
         group.members[index] = list(range(len(group.extensions), len(group.extensions) + len(calls)))
+        for offset, content in enumerate(contents):
+            planned.setdefault(content, (group, len(group.extensions) + offset))
         group.extensions.extend(calls)
     return [g for groups in by_signature.values() for g in groups if len(g.indices) >= 2]
 

@@ -27,6 +27,8 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from dice_pipeline.verify.build_environment import cuda_home, library_header_dirs
+
 # Bump when the generated files or flags change: old cache entries must not be reused.
 BUILD_RECIPE_VERSION = "1"
 FULL_HEADER_INCLUDE = re.compile(r'#\s*include\s*[<"]torch/extension\.h[>"]')
@@ -301,22 +303,41 @@ class BuildInterceptor:
         # remembered in `missed_cache` (a candidate that catches the exception cannot hide it).
         self.cached_only = False
         self.missed_cache: list[str] = []
+        self._library_include_dirs: list[str] | None = None
 
     # --- toolchain facts -------------------------------------------------------------------------------------
     def toolchain(self) -> dict[str, str]:
         import torch
 
-        return {"torch": torch.__version__, "cuda": str(torch.version.cuda), "arch": self.arch or "",
-                "mode": self.mode, "profile": self.profile, "python": sysconfig.get_python_version(),
-                "cxx": os.environ.get("CXX", "c++")}
+        toolchain = {"torch": torch.__version__, "cuda": str(torch.version.cuda), "arch": self.arch or "",
+                     "mode": self.mode, "profile": self.profile, "python": sysconfig.get_python_version(),
+                     "cxx": os.environ.get("CXX", "c++")}
+        if self.library_include_dirs():  # headers from other folders than the toolkit's: another build
+            toolchain["library_headers"] = ",".join(self.library_include_dirs())
+        return toolchain
+
+    def library_include_dirs(self) -> list[str]:
+        """The nvidia-* wheels' include folders for the library headers this host's toolkit lacks (empty where it
+        has them, as on a GPU host with a full toolkit): a CPU host builds what a GPU host builds."""
+        if self._library_include_dirs is None:
+            self._library_include_dirs = library_header_dirs(self.toolkit_include())
+        return self._library_include_dirs
+
+    def toolkit_include(self) -> Path:
+        """The toolkit's include folder the build uses: torch's CUDA_HOME in torch mode, else cuda_home()."""
+        if self.mode == "torch":
+            from torch.utils import cpp_extension
+
+            if cpp_extension.CUDA_HOME:
+                return Path(cpp_extension.CUDA_HOME) / "include"
+        return cuda_home() / "include"
 
     def torch_include_dirs(self) -> list[str]:
         import torch
 
         root = Path(torch.__file__).parent / "include"
         dirs = [str(root), str(root / "torch" / "csrc" / "api" / "include")]
-        cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH") or "/usr/local/cuda"
-        dirs.append(str(Path(cuda_home) / "include"))
+        dirs.append(str(cuda_home() / "include"))
         dirs.append(sysconfig.get_path("include"))
         return dirs
 
@@ -550,6 +571,7 @@ class BuildInterceptor:
                 self._not_cached(sources.name)
                 marker.unlink()  # the group's library is gone from the cache: build this one alone
             pch_flags = self.ensure_precompiled_header(sources.extra_cflags)
+            library_flags = [f for d in self.library_include_dirs() for f in ("-isystem", d)]
             errors = []
             load_inline = self._original_load_inline or cpp_extension.load_inline
             for variant, built in self._variants(sources)[:1 if first_variant_only else None]:
@@ -557,8 +579,9 @@ class BuildInterceptor:
                 try:
                     module = load_inline(
                         name=module_name, cpp_sources=list(built.cpp_sources), cuda_sources=list(built.cuda_sources) or None,
-                        functions=sources.functions, extra_cflags=sources.extra_cflags + pch_flags,
-                        extra_cuda_cflags=list(sources.extra_cuda_cflags), extra_ldflags=list(sources.extra_ldflags),
+                        functions=sources.functions, extra_cflags=sources.extra_cflags + pch_flags + library_flags,
+                        extra_cuda_cflags=list(sources.extra_cuda_cflags) + library_flags,
+                        extra_ldflags=list(sources.extra_ldflags),
                         extra_include_paths=list(sources.extra_include_paths), build_directory=str(build_dir),
                         verbose=False, is_python_module=sources.is_python_module,
                         with_pytorch_error_handling=sources.with_pytorch_error_handling,
@@ -587,7 +610,8 @@ class BuildInterceptor:
             from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
 
             include_flags = [f for d in sources.extra_include_paths for f in ("-I", d)] + [
-                f for d in self.torch_include_dirs() + self.cpu_wheel_shim_dirs() for f in ("-isystem", d)]
+                f for d in self.torch_include_dirs() + self.cpu_wheel_shim_dirs() + self.library_include_dirs()
+                for f in ("-isystem", d)]
             defines = [f"-DTORCH_EXTENSION_NAME={_safe_identifier(sources.name)}", "-DTORCH_API_INCLUDE_EXTENSION_H"]
             cxx_std = self.torch_cxx_standard()
             pch_flags = self.ensure_precompiled_header(sources.extra_cflags)

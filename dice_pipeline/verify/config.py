@@ -6,10 +6,10 @@ GPU worker processes.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
+
+from dice_pipeline import settings
 
 # fp32 tolerances (atol == rtol): DICE and KernelBench v0.1 judge at 1e-2, KernelBench's current harness at 1e-4.
 TOLERANCE_LOOSE = 1e-2
@@ -23,7 +23,17 @@ BASELINE_KERNEL_POLICIES = ("reject", "report")
 
 
 def default_build_cache_dir() -> str:
-    return os.environ.get("DICE_VERIFY_CACHE") or str(Path.home() / ".cache" / "dice_pipeline" / "verify_builds")
+    """DICE_VERIFY_CACHE, else kernel_builds in the project cache: one build cache for the pipeline, `dice verify`
+    and the benchmarks alike."""
+    from dice_pipeline.paths import cache_dir
+
+    return settings.VERIFY_CACHE.get() or str(cache_dir() / "kernel_builds")
+
+
+def default_device_lock_dir() -> str:
+    from dice_pipeline.gpu_pool import default_lock_dir
+
+    return default_lock_dir()
 
 
 @dataclass(frozen=True)
@@ -37,7 +47,9 @@ class VerifyJob:
 
 @dataclass
 class VerifyConfig:
-    """Knobs of one verification run. Defaults follow KernelBench / DICE (NOTES.md section 3)."""
+    """Knobs of one verification run, and the one source of their defaults (the KernelVerifier resource passes
+    overrides through). Defaults follow KernelBench / DICE (NOTES.md section 3); fields left None are chosen for the
+    host the batch runs on (inventory.choose_parallelism: lanes, cores, builds from the GPUs' memory and the cores)."""
 
     correctness_trials: int = 5
     timing_samples: int = 100  # timed calls per model at least, interleaved reference/candidate
@@ -70,7 +82,8 @@ class VerifyConfig:
     tolerance_policy: str = "v0.1"
     seed: int = 42
     build_cache_dir: str = field(default_factory=default_build_cache_dir)
-    max_parallel_builds: int = field(default_factory=lambda: max(1, os.cpu_count() or 1))
+    # Builds side by side; None = a build a core the builds get, no more than the memory holds (3 GiB a build).
+    max_parallel_builds: int | None = None
     devices: list[int] | None = None  # GPU indices to shard execution over; None = every GPU nvidia-smi lists
     memory_cap_mb: int | None = 16384  # host RSS cap per worker process group (see sandbox.py for why RSS)
     gpu_memory_fraction: float | None = 0.9  # caching-allocator cap per worker
@@ -89,14 +102,15 @@ class VerifyConfig:
     # Up to this many candidates' extensions (same flags and #includes) are compiled as one library, each in its
     # own namespace, so the torch headers are compiled once per group (batched_build; "fast" profile only).
     # Members a failed group build names build alone. 1 = every candidate builds alone. (H100 host, 40 seed
-    # candidates on 12 cores: 2.2x less build wall time, the same statuses; benchmarks/RESULTS.md.)
-    build_batch_size: int = 8
-    # Group builds compiling at once; 0 = the build cores / api.BUILD_JOBS (groups in waves, none oversubscribed).
+    # candidates on 12 cores: 2.2x less build wall time with 8, the same statuses; benchmarks/RESULTS.md.) None = up
+    # to 8, fewer where a batch has too few candidates to give every group build slot a share (at least 2).
+    build_batch_size: int | None = None
+    # Group builds compiling at once; 0 = the build cores / inventory.BUILD_JOBS (groups in waves, none oversubscribed).
     parallel_group_builds: int = 0
     # Where candidates are judged on a GPU: a candidate whose group built every extension it declares goes
     # straight to its run stage (no build worker of its own importing torch on the build cores; its extensions
     # load from the cache there). A run stage that meets an extension not in the cache hands the candidate back
-    # to its build stage and is run again (api._BatchRun.judge). False = every member runs its build stage.
+    # to its build stage and is run again (scheduler.BatchRun.judge). False = every member runs its build stage.
     skip_grouped_member_builds: bool = True
     l2_flush_mb: int = 256  # H200 L2 is 60 MB: flush with at least 4x that
     # Which timing convention `Verdict.speedup` (and so the filter, the reward and fast_p) uses; both are always
@@ -118,6 +132,10 @@ class VerifyConfig:
     # must agree to the policy tolerance times this (with a floor of a few units of the output dtype's precision),
     # else `nondeterministic_output` (a race). Atomics-ordering differences are far below it.
     consistency_tolerance_ratio: float = 0.01
+    # On a degenerate task (zeros or a constant pass the tolerance), an output's relative error ||out - ref|| / ||ref||
+    # must be at most this share of the null output's, on every correctness trial and timed call, else
+    # `no_better_than_null_output` (judge/compare.py NullOutputCheck; inconclusive where rounding alone could reach it).
+    null_output_share: float = 0.1
     timing_input_sets: int = 3  # distinct input sets rotated (and re-permuted) across timed calls
     # Reference median below this many launch floors (an empty kernel timed the same way) => overhead_dominated.
     overhead_floor_multiple: float = 5.0
@@ -151,13 +169,17 @@ class VerifyConfig:
     # a device sync) instead of asking for shared use again: shared use waits behind every queued timed section,
     # so each lane of a wave used to wait for all of them before it could report and exit. False = ask again.
     release_gpu_after_timing: bool = True
-    # CPU cores kept free of builds for the GPU workers: eager references are launch-bound, and CUDA events count
+    # CPU cores a GPU keeps free of builds for its workers: eager references are launch-bound, and CUDA events count
     # the gaps between launches, which widen when builds load every core (measured: up to ~25% on a speedup).
-    # Applied on hosts with at least 4x as many cores; 0 = off.
-    gpu_worker_cpus: int = 2
+    # Applied on hosts with at least 4x as many cores; 0 = off; None = a core a lane (on a 16-core host with 8 lanes
+    # none is kept: every core shared, the best measured configuration).
+    gpu_worker_cpus: int | None = None
     # A VerdictStore directory (see store.py): executed verdicts are reused for identical jobs and configs, and new
     # ones are added. None = no store.
     verdict_store_dir: str | None = None
+    # Packed, read-only verdict stores (store.pack_verdict_store) consulted after verdict_store_dir: the verdicts
+    # the project ships for its own GPU-judged data. Empty = none.
+    verdict_archives: tuple[str, ...] = ()
     # Older verifier versions whose stored verdicts may be used when this version has none (e.g. ("0.2.0",)):
     # never silently; such verdicts carry the flag `older_verifier_version` and name their version.
     accept_verdicts_from: tuple[str, ...] = ()
@@ -166,16 +188,18 @@ class VerifyConfig:
     # (torch.compile, default mode). Recorded in `Verdict.baseline_speedups`; they never change the status, and the
     # speedup filter keeps using the eager speedup. Empty = none (the default: timing stays eager-only).
     extra_baselines: tuple[str, ...] = ()
-    # Per-host GPU lock directory (dice_pipeline/gpu_pool.py): each run-stage worker holds its device's lock while
-    # it runs, so concurrent batches (two Dagster runs, a benchmark) never time on one GPU at once. None = no locks.
-    device_lock_dir: str | None = None
+    # Per-host GPU lock directory (dice_pipeline/gpu_pool.py, shared with the GpuPool resource): each run-stage
+    # worker holds its device's lock while it runs, so concurrent batches (two Dagster runs, a benchmark, training)
+    # never time on one GPU at once. Default DICE_GPU_LOCK_DIR or /tmp/dice_gpu_locks; None = no locks.
+    device_lock_dir: str | None = field(default_factory=default_device_lock_dir)
     # Judging lanes per GPU: that many run-stage workers on one GPU at once. Their untimed GPU work (CUDA start-up,
     # input draws, correctness trials, the profiler pass, torch.compile's warm-up) runs side by side; every timed
     # section runs with the GPU to itself (gpu_pool.SharedGpu, gpu_share.py), and the seconds a worker waits for
     # the GPU are added to its time limit. Each lane gets gpu_memory_fraction (0.9 when unset) / gpu_lanes of the
     # GPU's memory; a run that runs out of memory in a lane is judged again with the GPU to itself. 1 = one
-    # candidate on the GPU at a time.
-    gpu_lanes: int = 1
+    # candidate on the GPU at a time; None = from the GPU's memory and the host's cores (inventory.default_lanes: 8
+    # on the 16-core H100 and H200 hosts, the best measured).
+    gpu_lanes: int | None = None
 
     def __post_init__(self) -> None:
         if self.tolerance_policy not in TOLERANCE_POLICIES:
@@ -197,12 +221,18 @@ class VerifyConfig:
         if self.baseline_kernel_policy not in BASELINE_KERNEL_POLICIES:
             raise ValueError(f"baseline_kernel_policy must be one of {BASELINE_KERNEL_POLICIES}, "
                              f"got {self.baseline_kernel_policy!r}")
-        if self.gpu_lanes < 1:
-            raise ValueError("gpu_lanes must be >= 1")
-        if self.build_batch_size < 1:
+        if not 0 < self.null_output_share < 1:
+            raise ValueError("null_output_share must be in (0, 1)")
+        if self.gpu_lanes is not None and self.gpu_lanes < 1:
+            raise ValueError("gpu_lanes must be >= 1 (None: chosen for the host)")
+        if self.build_batch_size is not None and self.build_batch_size < 1:
             raise ValueError("build_batch_size must be >= 1 (1 builds every candidate alone)")
+        if self.max_parallel_builds is not None and self.max_parallel_builds < 1:
+            raise ValueError("max_parallel_builds must be >= 1 (None: chosen for the host)")
+        if self.gpu_worker_cpus is not None and self.gpu_worker_cpus < 0:
+            raise ValueError("gpu_worker_cpus must be >= 0 (0: none kept; None: a core a lane)")
         if self.parallel_group_builds < 0:
-            raise ValueError("parallel_group_builds must be >= 0 (0: the build cores / api.BUILD_JOBS)")
+            raise ValueError("parallel_group_builds must be >= 0 (0: the build cores / inventory.BUILD_JOBS)")
         if self.warmup_seconds < 0 or self.warmup_min_seconds < 0:
             raise ValueError("warmup_seconds and warmup_min_seconds must be >= 0")
         if self.timing_min_samples < 1:
@@ -214,6 +244,8 @@ class VerifyConfig:
         if unknown:
             raise ValueError(f"extra_baselines must be among {EXTRA_BASELINES}, got {sorted(unknown)}")
         self.extra_baselines = tuple(dict.fromkeys(self.extra_baselines))
+        self.verdict_archives = tuple(str(path) for path in self.verdict_archives)
+        self.accept_verdicts_from = tuple(self.accept_verdicts_from)
 
     def tolerance_for(self, dtype_name: str) -> float:
         """The atol=rtol that decides `status` for an output of this dtype ('float32', 'float16', ...)."""

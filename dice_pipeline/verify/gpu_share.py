@@ -28,9 +28,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 
+from dice_pipeline import settings
 from dice_pipeline.gpu_pool import SharedGpu
 
-ENV_VAR = "DICE_GPU_SHARE_FDS"
+ENV_VAR = settings.GPU_SHARE_FDS.name
 _MODES = {b"S": SharedGpu.SHARED, b"X": SharedGpu.EXCLUSIVE, b"W": SharedGpu.WHOLE}
 _BYTES = {mode: byte for byte, mode in _MODES.items()}
 _STARTING_CUDA = b"I"  # shared use without becoming a resident (module docstring)
@@ -130,7 +131,7 @@ class GpuShareClient:
 
     @classmethod
     def from_env(cls, before_release: Callable[[], None] = lambda: None) -> GpuShareClient:
-        raw = os.environ.pop(ENV_VAR, None)  # popped: candidate code never sees where the pipes are named
+        raw = settings.GPU_SHARE_FDS.take()  # taken: candidate code never sees where the pipes are named
         fds = tuple(int(x) for x in raw.split(",")) if raw else None
         return cls(fds if fds and len(fds) == 2 else None, before_release)  # type: ignore[arg-type]
 

@@ -1,5 +1,5 @@
 """The verifier on a Ray cluster: the stages and judgement of `verify_batch` (static checks here, then
-`_BatchRun.build` and `_BatchRun.judge`), spread out over Ray: builds as tasks on CPU workers, judgements by one
+`BatchRun.build` and `BatchRun.judge`, scheduler.py), spread out over Ray: builds as tasks on CPU workers, judgements by one
 actor per GPU (prestarting the next worker as the local GPU loop does), verdicts streamed back (`on_result`) as
 they finish.
 
@@ -24,15 +24,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from dice_pipeline import settings
 from dice_pipeline.gpu_pool import BUILD_MEMORY_MB, device_lock
-from dice_pipeline.verify.api import PrestartedJudge, ResultCallback, _BatchRun
+from dice_pipeline.verify.scheduler import BatchRun, PrestartedJudge, ResultCallback
 from dice_pipeline.verify.config import VerifyConfig, VerifyJob
 from dice_pipeline.verify.static_checks import StaticReport
 from dice_pipeline.verify.verdict import Reason, Status, Verdict
 
 # A directory where every task attempt leaves a file `<job>.<stage>.<pid>`: shows retries and which Ray worker
 # ran what (operators), and lets the tests find a worker process to kill mid-task.
-ATTEMPT_LOG_ENV = "DICE_RAY_ATTEMPT_LOG"
+ATTEMPT_LOG_ENV = settings.RAY_ATTEMPT_LOG.name
 
 
 def import_ray():
@@ -48,22 +49,22 @@ def attempt_file_name(job_id: str, stage: str, pid: int) -> str:
 
 
 def _note_attempt(job_id: str, stage: str) -> None:
-    directory = os.environ.get(ATTEMPT_LOG_ENV)
+    directory = settings.RAY_ATTEMPT_LOG.get()
     if directory:
         Path(directory).mkdir(parents=True, exist_ok=True)
         (Path(directory) / attempt_file_name(job_id, stage, os.getpid())).touch()
 
 
 def build_task(config: VerifyConfig, job: VerifyJob, static: StaticReport) -> tuple[Verdict | None, dict[str, Any]]:
-    """Body of a build task (CPU worker): `_BatchRun.build`, the local backend's build stage."""
+    """Body of a build task (CPU worker): `BatchRun.build`, the local backend's build stage."""
     _note_attempt(job.job_id, "build")
-    run = _BatchRun(replace(config, execute=False, devices=None), None)  # a CPU task: no GPU to judge on here
+    run = BatchRun(replace(config, execute=False, devices=None), None)  # a CPU task: no GPU to judge on here
     return run.build(job, static)
 
 
 class GpuJudge:
     """A Ray actor holding one GPU (which Ray names in CUDA_VISIBLE_DEVICES): judges candidates one at a time with
-    `_BatchRun.judge` under the device's host lock, as the local backend's GPU loop does. With
+    `BatchRun.judge` under the device's host lock, as the local backend's GPU loop does. With
     `prestart_gpu_workers`, the next candidate's worker starts (interpreter and imports, no GPU) while the current
     one runs: the actor takes two calls at once and the second waits at its gate for the GPU turn."""
 
@@ -71,7 +72,8 @@ class GpuJudge:
         ray = import_ray()
         self.config = config
         self.device = int(ray.get_gpu_ids()[0])
-        self.run = _BatchRun(replace(config, execute=True, devices=[self.device]), None)
+        # One candidate on its GPU at a time (the turn below): one lane, the GPU's memory and device lock its own.
+        self.run = BatchRun(replace(config, execute=True, devices=[self.device], gpu_lanes=1), None)
         self.turn = threading.Lock()  # one candidate on the GPU at a time
 
     def judge(self, job: VerifyJob, static: StaticReport, facts: dict[str, Any]) -> Verdict:
@@ -84,7 +86,7 @@ class GpuJudge:
             return waiting.go_and_wait()
 
 
-def _lost_verdict(run: _BatchRun, static: StaticReport, stage: str, error: BaseException) -> Verdict:
+def _lost_verdict(run: BatchRun, static: StaticReport, stage: str, error: BaseException) -> Verdict:
     status = getattr(Status, "INFRASTRUCTURE_ERROR", None)
     if status is None:  # verifier before 0.3: no status says "the verifier failed, not the candidate"
         raise RuntimeError(f"Ray {stage} task failed after its retries: {error}") from error
@@ -121,7 +123,7 @@ def _verify_on_ray(ray, jobs, config, on_result, max_retries, build_cpus, build_
     execute = cluster_gpus > 0 if config.execute is None else bool(config.execute)
     if execute and not cluster_gpus:
         raise RuntimeError("VerifyConfig.execute=True but the Ray cluster has no GPU resources")
-    run = _BatchRun(replace(config, execute=False), on_result)  # this process: static verdicts and bookkeeping
+    run = BatchRun(replace(config, execute=False), on_result)  # this process: static verdicts and bookkeeping
     results: list[Verdict | None] = [None] * len(jobs)
     remote_build = ray.remote(build_task).options(
         num_cpus=build_cpus, memory=build_memory_mb * 2**20, max_retries=max_retries, retry_exceptions=True)

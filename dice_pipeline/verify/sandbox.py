@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dice_pipeline import settings
 from dice_pipeline.gpu_pool import SharedGpu
 from dice_pipeline.verify.gpu_share import GpuShareServer
 
@@ -127,7 +128,7 @@ def run_isolated(argv: list[str], *, cwd: str | Path, env: dict[str, str], timeo
     read_fd = write_fd = None
     if max_timeout_s is not None:
         read_fd, write_fd = os.pipe()
-        env = {**env, "DICE_RUN_LIMIT_FD": str(write_fd)}
+        env = {**env, settings.RUN_LIMIT_FD.name: str(write_fd)}
     share = GpuShareServer(gpu_share) if gpu_share is not None else None
     pass_fds = (write_fd,) if write_fd is not None else ()
     if share is not None:

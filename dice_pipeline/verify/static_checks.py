@@ -56,38 +56,20 @@ import ast
 import re
 from dataclasses import dataclass, field
 
+from dice_pipeline.verify.static_reading import (
+    classify_forward_calls,
+    dotted_name,
+    extension_reaching_locals,
+    forward_path_of,
+    host_transfers,
+    ModuleFacts,
+    self_attribute_kinds,
+)
 from dice_pipeline.verify.verdict import Reason, Status
 
-# torch calls that allocate, reshape or describe tensors without computing on their values.
-NON_COMPUTE_TORCH_CALLS = frozenset(
-    {
-        "empty", "empty_like", "empty_strided", "zeros", "zeros_like", "ones", "ones_like", "full", "full_like",
-        "tensor", "as_tensor", "from_numpy", "arange", "device", "dtype", "Size", "is_tensor", "numel",
-        "manual_seed", "no_grad", "inference_mode", "current_device", "current_stream", "get_device",
-        "is_available", "synchronize", "Parameter", "Module", "ModuleList", "ModuleDict", "ParameterList",
-        "ParameterDict", "Identity", "view_as_real", "view_as_complex", "broadcast_shapes", "result_type",
-        "promote_types", "finfo", "iinfo", "Generator", "device_count", "get_device_properties",
-        "get_default_dtype", "is_floating_point", "is_complex", "randn", "rand", "randint", "normal",
-    }
-)
-# Tensor methods that compute on values (a receiver not known to be an extension calling one of these is compute).
-TENSOR_COMPUTE_METHODS = frozenset(
-    {
-        "matmul", "mm", "bmm", "addmm", "baddbmm", "einsum", "sum", "mean", "var", "std", "prod", "cumsum",
-        "softmax", "log_softmax", "relu", "relu_", "sigmoid", "tanh", "exp", "log", "max", "min", "amax", "amin",
-        "norm", "add", "add_", "sub", "sub_", "mul", "mul_", "div", "div_", "pow", "sqrt", "rsqrt", "clamp",
-        "clamp_", "clip", "abs", "neg", "argmax", "argmin", "topk", "sort", "gelu", "silu", "erf", "masked_fill",
-        "masked_fill_", "where", "logsumexp", "square", "reciprocal", "tril", "triu", "conv2d", "linear",
-        "addcmul", "lerp", "cumprod", "sign", "floor", "ceil", "round", "fmod", "remainder", "dot", "outer",
-    }
-)
-# torch.ops namespaces that are PyTorch's own kernels, not a candidate's registered custom op.
-BUILTIN_OP_NAMESPACES = ("torch.ops.aten.", "torch.ops.prims.", "torch.ops.quantized.", "torch.ops.higher_order.")
-EXTENSION_LOADERS = frozenset({"load_inline", "load"})
 # The names the verifier's worker imports the reference and the candidate under (worker.run_judge_stage).
 REFERENCE_MODULE = "reference_module"
 CANDIDATE_MODULE = "candidate_module"
-CPP_EXTENSION_MODULE = "torch.utils.cpp_extension"
 THREAD_MODULES = frozenset({"threading", "_thread", "concurrent", "multiprocessing", "asyncio"})
 INTROSPECTION_MODULES = frozenset({"gc", "inspect", "ctypes", "importlib", "builtins", "dice_pipeline"})
 # Other processes, signals and sockets: work or interference outside the judged call.
@@ -130,8 +112,6 @@ LIBRARY_KERNEL_CALLS = frozenset({"impl", "register_kernel", "register_fake", "r
 LIBRARY_DEFINE_CALLS = frozenset({"custom_op", "define", "triton_op"})
 # Leaves of `torch._C._set_*`: private setters of global state (TF32, cuDNN, precision, determinism, ...).
 PRIVATE_SETTER_PREFIX = "torch._C._set_"
-# Forward-path calls that move a tensor's values to the host.
-HOST_TRANSFER_METHODS = frozenset({"cpu", "numpy"})
 FOREIGN_KERNEL_MODULES = frozenset({"triton", "cupy", "cupyx", "numba", "pycuda", "cuda", "tvm", "tilelang", "warp",
                                     "cutlass", "taichi", "jax", "tensorflow", "hidet", "thunderkittens"})
 STREAM_ATTRS = frozenset({"Stream", "stream", "ExternalStream", "set_stream", "StreamContext"})
@@ -186,306 +166,10 @@ def cuda_kernel_names(source_text: str) -> list[str]:
     return list(dict.fromkeys(GLOBAL_KERNEL_PATTERN.findall(source_text)))
 
 
-def _dotted(node: ast.AST) -> str | None:
-    """`a.b.c` for an attribute chain rooted at a name, else None."""
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return None
-
-
-def _call_base_name(func: ast.AST) -> str | None:
-    """The name a call chain starts from: `get_ext().fn` -> get_ext, `Fn.apply` -> Fn, `a.b[0].c` -> a."""
-    node = func
-    while isinstance(node, (ast.Attribute, ast.Call, ast.Subscript)):
-        node = node.func if isinstance(node, ast.Call) else node.value
-    return node.id if isinstance(node, ast.Name) else None
-
-
-def _unwrap_module_moves(node: ast.AST) -> ast.AST:
-    """`nn.Linear(...).cuda()` / `.to(device)` / `.float()` is still the module it moves."""
-    while isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-            and node.func.attr in ("cuda", "to", "float", "double", "eval", "train", "requires_grad_"):
-        node = node.func.value
-    return node
-
-
-class _ModuleFacts(ast.NodeVisitor):
-    """Imports, aliases and extension handles of the candidate module."""
-
-    def __init__(self) -> None:
-        self.aliases: dict[str, str] = {}  # local name -> dotted module or object path
-        self.imported_roots: set[str] = set()
-        self.extension_names: set[str] = set()  # names bound to a load_inline/load result (or attributes of one)
-        self.loader_calls = 0
-        self.functions: dict[str, ast.FunctionDef] = {}
-        self.classes: dict[str, ast.ClassDef] = {}
-
-    def resolve(self, node: ast.AST) -> str | None:
-        dotted = _dotted(node)
-        if dotted is None:
-            return None
-        head, _, rest = dotted.partition(".")
-        if head in self.aliases:
-            return self.aliases[head] + ("." + rest if rest else "")
-        return dotted
-
-    def visit_Import(self, node: ast.Import) -> None:
-        for alias in node.names:
-            self.aliases[alias.asname or alias.name.split(".")[0]] = alias.name if alias.asname else alias.name.split(".")[0]
-            self.imported_roots.add(alias.name.split(".")[0])
-
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
-        module = node.module or ""
-        self.imported_roots.add(module.split(".")[0])
-        for alias in node.names:
-            self.aliases[alias.asname or alias.name] = f"{module}.{alias.name}" if module else alias.name
-
-    def is_loader_call(self, node: ast.AST) -> bool:
-        if not isinstance(node, ast.Call):
-            return False
-        target = self.resolve(node.func) or ""
-        return target.rsplit(".", 1)[-1] in EXTENSION_LOADERS and (
-            target.startswith(CPP_EXTENSION_MODULE) or target in EXTENSION_LOADERS
-        )
-
-    def visit_Call(self, node: ast.Call) -> None:
-        if self.is_loader_call(node):
-            self.loader_calls += 1
-        self.generic_visit(node)
-
-    def visit_Assign(self, node: ast.Assign) -> None:
-        value_root = _dotted(node.value.func if isinstance(node.value, ast.Call) else node.value) or ""
-        binds_extension = self.is_loader_call(node.value) or value_root.split(".")[0] in self.extension_names
-        for target in node.targets:
-            if binds_extension and isinstance(target, ast.Name):
-                self.extension_names.add(target.id)
-        self.generic_visit(node)
-
-    def visit_FunctionDef(self, node: ast.FunctionDef) -> None:
-        self.functions.setdefault(node.name, node)
-        self.generic_visit(node)
-
-    visit_AsyncFunctionDef = visit_FunctionDef  # type: ignore[assignment]
-
-    def visit_ClassDef(self, node: ast.ClassDef) -> None:
-        self.classes[node.name] = node
-        self.generic_visit(node)
-
-
-def _mentions(node: ast.AST, names: set[str]) -> bool:
-    return any(isinstance(sub, ast.Name) and sub.id in names for sub in ast.walk(node))
-
-
-def _self_attribute_kinds(cls: ast.ClassDef, facts: _ModuleFacts,
-                          reaching: frozenset[str] = frozenset()) -> tuple[set[str], set[str]]:
-    """Attributes of `self` that reach an extension when called (bound to an extension handle, or built from a
-    local class or function in `reaching`, directly or through one of this class's methods), and those bound to a
-    torch.nn module (compute when called)."""
-    methods = {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    reaching = frozenset(_names_built_from(cls, set(reaching))) if reaching else reaching
-    reaching_methods = reaching & set(methods)  # _names_built_from counts the builder methods (`_make_layer`) too
-    extension_attrs: set[str] = set()
-    torch_module_attrs: set[str] = set()
-    for node in ast.walk(cls):
-        if not isinstance(node, ast.Assign):
-            continue
-        for target in node.targets:
-            if not (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == "self"):
-                continue
-            value = _unwrap_module_moves(node.value)
-            root = _dotted(value.func if isinstance(value, ast.Call) else value) or ""
-            called = [(_dotted(sub.func) or "").split(".") for sub in ast.walk(value) if isinstance(sub, ast.Call)]
-            builds_reaching = _mentions(value, set(reaching)) or any(
-                parts[0] == "self" and parts[-1] in reaching_methods for parts in called)
-            if facts.is_loader_call(value) or root.split(".")[0] in facts.extension_names or builds_reaching:
-                extension_attrs.add(target.attr)
-            elif isinstance(value, ast.Call) and _builds_torch_module(value, facts):
-                torch_module_attrs.add(target.attr)
-    return extension_attrs, torch_module_attrs
-
-
-def _builds_torch_module(value: ast.Call, facts: _ModuleFacts) -> bool:
-    """A torch.nn module that computes when called; a ModuleList/ModuleDict counts when it holds one."""
-    resolved = facts.resolve(value.func) or ""
-    leaf = resolved.rsplit(".", 1)[-1]
-    if not resolved.startswith("torch.nn."):
-        return False
-    if leaf in ("ModuleList", "ModuleDict"):
-        return any(isinstance(sub, ast.Call) and sub is not value and _builds_torch_module(sub, facts)
-                   for sub in ast.walk(value))
-    return leaf not in NON_COMPUTE_TORCH_CALLS
-
-
-def _names_built_from(scope: ast.AST, names: set[str]) -> set[str]:
-    """`names` plus the local names in `scope` whose value is built from them: assigned (`block = Fn(...)`),
-    collected (`layers.append(Relu2())`, `layers += [...]`), or nested functions that use them; to a fixed point.
-    Lenient across a class's methods (a name tainted in one counts in all): a reach found here still has to show
-    in the runtime profiler."""
-    names = set(names)
-    while True:
-        found: set[str] = set()
-        for node in ast.walk(scope):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node is not scope \
-                    and any(_mentions(statement, names) for statement in node.body):
-                found.add(node.name)
-            elif isinstance(node, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and node.value is not None \
-                    and _mentions(node.value, names):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                found |= {t.id for target in targets for t in ast.walk(target) if isinstance(t, ast.Name)}
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
-                    and isinstance(node.func.value, ast.Name) \
-                    and node.func.attr in ("append", "extend", "insert", "add", "update", "add_module") \
-                    and any(_mentions(arg, names) for arg in [*node.args, *[k.value for k in node.keywords]]):
-                found.add(node.func.value.id)
-        if found <= names:
-            return names
-        names |= found
-
-
-def _is_extension_call(node: ast.Call, facts: _ModuleFacts, extension_attrs: set[str], reaching: frozenset[str],
-                       loop_names: set[str] = frozenset()) -> bool:
-    """A call that runs candidate kernels: through an extension handle, a `self` attribute reaching one, a
-    registered custom op, a local class/function that reaches one (`Fn.apply`, `get_ext().fn`, a helper module),
-    or a name bound by looping over such an attribute."""
-    parts = (_dotted(node.func) or "").split(".")
-    resolved = facts.resolve(node.func) or ""
-    return (parts[0] in facts.extension_names
-            or (parts[0] == "self" and len(parts) >= 2 and parts[1] in extension_attrs)
-            or (resolved.startswith("torch.ops.") and not resolved.startswith(BUILTIN_OP_NAMESPACES))
-            or facts.is_loader_call(node)
-            or _call_base_name(node.func) in reaching
-            or (len(parts) == 1 and parts[0] in loop_names))
-
-
-def _extension_reaching_locals(tree: ast.Module, facts: _ModuleFacts) -> frozenset[str]:
-    """Module-level classes and functions other than ModelNew whose code uses, calls or loads an extension, directly
-    or through another such class or function (to a fixed point): helper modules, autograd Functions, lazy loaders
-    (`def get_ext(): return ext`)."""
-    defs = {n.name: n for n in tree.body
-            if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.name != "ModelNew"}
-    reaching: set[str] = set()
-    while True:
-        found = set()
-        for name, node in defs.items():
-            if name in reaching:
-                continue
-            attrs = _self_attribute_kinds(node, facts, frozenset(reaching))[0] if isinstance(node, ast.ClassDef) \
-                else set()
-            if _mentions(node, facts.extension_names | reaching) or any(
-                    isinstance(sub, ast.Call) and _is_extension_call(sub, facts, attrs, frozenset(reaching))
-                    for sub in ast.walk(node)):
-                found.add(name)
-        if not found:
-            return frozenset(reaching)
-        reaching |= found
-
-
-def _loop_names_over(funcs: list[ast.FunctionDef], attrs: set[str]) -> set[str]:
-    """Names bound by `for layer in self.attr` (or `self.attr.children()`, `enumerate(self.attr)`, ...) over the
-    given attributes: calling them calls what the attribute holds."""
-    names: set[str] = set()
-    for func in funcs:
-        for node in ast.walk(func):
-            if isinstance(node, ast.For) and any(
-                    (_dotted(sub) or "").split(".")[:2] in [["self", a] for a in attrs] for sub in ast.walk(node.iter)):
-                names |= {sub.id for sub in ast.walk(node.target) if isinstance(sub, ast.Name)}
-    return names
-
-
-def _forward_path(cls: ast.ClassDef, facts: _ModuleFacts) -> list[ast.FunctionDef]:
-    """`forward` plus the methods and module-level functions it reaches by direct calls."""
-    methods = {n.name: n for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
-    if "forward" not in methods:
-        return []
-    reached: dict[int, ast.FunctionDef] = {}
-    pending = [methods["forward"]]
-    while pending:
-        func = pending.pop()
-        if id(func) in reached:
-            continue
-        reached[id(func)] = func
-        for node in ast.walk(func):
-            if not isinstance(node, ast.Call):
-                continue
-            if isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
-                    and node.func.value.id == "self" and node.func.attr in methods:
-                pending.append(methods[node.func.attr])
-            elif isinstance(node.func, ast.Name) and node.func.id in facts.functions:
-                pending.append(facts.functions[node.func.id])
-    return list(reached.values())
-
-
-def _classify_forward_calls(funcs: list[ast.FunctionDef], facts: _ModuleFacts, extension_attrs: set[str],
-                            torch_module_attrs: set[str], reaching: frozenset[str] = frozenset()) -> tuple[int, list[str]]:
-    """Count extension calls and list PyTorch compute ops on the forward path."""
-    extension_calls = 0
-    torch_ops: list[str] = []
-    loop_names = _loop_names_over(funcs, extension_attrs)
-    torch_loop_names = _loop_names_over(funcs, torch_module_attrs) - loop_names
-    for func in funcs:
-        # `get_ext().fn(x)` is one call: the calls inside another call's callee chain are not counted again.
-        chained = {id(inner) for node in ast.walk(func) if isinstance(node, ast.Call)
-                   for inner in ast.walk(node.func) if isinstance(inner, ast.Call)}
-        for node in ast.walk(func):
-            if isinstance(node, ast.BinOp) and isinstance(node.op, ast.MatMult):
-                torch_ops.append("@")
-            if not isinstance(node, ast.Call) or id(node) in chained:
-                continue
-            dotted = _dotted(node.func) or ""
-            parts = dotted.split(".")
-            resolved = facts.resolve(node.func) or ""
-            builtin_op = resolved.startswith(BUILTIN_OP_NAMESPACES)
-            if _is_extension_call(node, facts, extension_attrs, reaching, loop_names):
-                extension_calls += 1
-            elif isinstance(node.func, ast.Call) and _builds_torch_module(node.func, facts):
-                torch_ops.append(f"{facts.resolve(node.func.func)}(...)(...) (a torch.nn module built and called)")
-            elif parts[0] == "self" and len(parts) == 2 and parts[1] in torch_module_attrs:
-                torch_ops.append(f"self.{parts[1]} (torch.nn module)")
-            elif len(parts) == 1 and parts[0] in torch_loop_names:
-                torch_ops.append(f"{parts[0]} (a torch.nn module looped over)")
-            elif builtin_op or (resolved.startswith("torch.") and parts[-1] not in NON_COMPUTE_TORCH_CALLS
-                                and not resolved.startswith(("torch.cuda.", "torch.ops."))):
-                torch_ops.append(resolved)
-            elif isinstance(node.func, ast.Attribute) and node.func.attr in TENSOR_COMPUTE_METHODS \
-                    and not resolved.startswith("torch."):
-                torch_ops.append(f".{node.func.attr}()")
-    return extension_calls, torch_ops
-
-
-def _host_transfers(funcs: list[ast.FunctionDef], facts: _ModuleFacts) -> list[str]:
-    """Calls on the forward path that bring a tensor's values to the host: `.cpu()`, `.numpy()`, `.to("cpu")`
-    (also `device="cpu"` or `torch.device("cpu")`), `torch.from_numpy`."""
-    def names_cpu(arg: ast.AST) -> bool:
-        if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
-            return arg.value.split(":")[0] == "cpu"
-        return isinstance(arg, ast.Call) and (facts.resolve(arg.func) or "") == "torch.device" \
-            and bool(arg.args) and names_cpu(arg.args[0])
-
-    found: list[str] = []
-    for func in funcs:
-        for node in ast.walk(func):
-            if not isinstance(node, ast.Call):
-                continue
-            resolved = facts.resolve(node.func) or ""
-            if resolved == "torch.from_numpy":
-                found.append(f"line {node.lineno}: torch.from_numpy")
-            elif isinstance(node.func, ast.Attribute) and not resolved.startswith("torch."):
-                attr = node.func.attr
-                if attr in HOST_TRANSFER_METHODS or (attr == "to" and any(
-                        names_cpu(a) for a in [*node.args, *(k.value for k in node.keywords if k.arg == "device")])):
-                    found.append(f"line {node.lineno}: .{attr}({'cpu' if attr == 'to' else ''})")
-    return found
-
-
 _CPP_LIBRARY = re.compile(r"\bTORCH_LIBRARY(_IMPL|_FRAGMENT)?\s*\(\s*(\w+)")
 
 
-def _check_dispatcher_registrations(report: StaticReport, tree: ast.Module, facts: _ModuleFacts,
+def _check_dispatcher_registrations(report: StaticReport, tree: ast.Module, facts: ModuleFacts,
                                     cuda_text: str) -> None:
     """Kernels registered into a namespace the file does not define itself (PyTorch's `aten`, `prims`, ...; `_`:
     a backend fallback for every operator): Python `torch.library` and C++ `TORCH_LIBRARY_IMPL`/`_FRAGMENT`.
@@ -572,28 +256,28 @@ def strip_c_comments(source: str) -> str:
     return "".join(out)
 
 
-def _check_model_new(report: StaticReport, tree: ast.Module, facts: _ModuleFacts, forbid_torch: bool) -> None:
+def _check_model_new(report: StaticReport, tree: ast.Module, facts: ModuleFacts, forbid_torch: bool) -> None:
     cls = facts.classes.get("ModelNew")
     if cls is None:
         report.reject(Status.COMPILE_ERROR, "missing_model_new", "the candidate defines no class ModelNew")
         return
-    base_names = {(_dotted(b) or "").rsplit(".", 1)[-1] for b in cls.bases}
+    base_names = {(dotted_name(b) or "").rsplit(".", 1)[-1] for b in cls.bases}
     if "Model" in base_names:
         report.reject(Status.DECEPTIVE, "inherits_reference", "ModelNew subclasses the reference Model")
     if any(isinstance(n, ast.Name) and n.id == "Model" for n in ast.walk(cls)):
         report.reject(Status.DECEPTIVE, "reference_access", "ModelNew refers to the reference class Model")
-    reaching = _extension_reaching_locals(tree, facts)
-    extension_attrs, torch_module_attrs = _self_attribute_kinds(cls, facts, reaching)
-    forward_funcs = _forward_path(cls, facts)
+    reaching = extension_reaching_locals(tree, facts)
+    extension_attrs, torch_module_attrs = self_attribute_kinds(cls, facts, reaching)
+    forward_funcs = forward_path_of(cls, facts)
     if not forward_funcs:
         if "Model" not in base_names:
             report.reject(Status.COMPILE_ERROR, "missing_forward", "ModelNew defines no forward method")
         return
-    report.extension_calls_on_forward, report.torch_ops_on_forward = _classify_forward_calls(
+    report.extension_calls_on_forward, report.torch_ops_on_forward = classify_forward_calls(
         forward_funcs, facts, extension_attrs, torch_module_attrs, reaching
     )
     ops = sorted(set(report.torch_ops_on_forward))
-    host = _host_transfers(forward_funcs, facts)
+    host = host_transfers(forward_funcs, facts)
     if host:
         report.reject(Status.DECEPTIVE, "host_compute",
                       f"forward path moves tensors to the host ({'; '.join(host[:3])}): work on the CPU, not a kernel")
@@ -608,7 +292,7 @@ def _check_model_new(report: StaticReport, tree: ast.Module, facts: _ModuleFacts
             report.flags.append("torch_ops_on_forward_path")
 
 
-def _check_statements(report: StaticReport, tree: ast.Module, facts: _ModuleFacts, reference_is_fp32: bool) -> None:
+def _check_statements(report: StaticReport, tree: ast.Module, facts: ModuleFacts, reference_is_fp32: bool) -> None:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Try, getattr(ast, "TryStar", ast.Try))):
             if node.handlers and not all(_handler_reraises(h) for h in node.handlers):
@@ -648,7 +332,7 @@ def _check_statements(report: StaticReport, tree: ast.Module, facts: _ModuleFact
                 report.reject(Status.DECEPTIVE, "tensor_subclass", f"class {node.name} subclasses torch.Tensor")
 
 
-def _getattr_target(node: ast.Call, facts: _ModuleFacts) -> str | None:
+def _getattr_target(node: ast.Call, facts: ModuleFacts) -> str | None:
     """`getattr(torch.cuda, "CUDAGraph")` read as the attribute it names ("torch.cuda.CUDAGraph"); None for any
     other call, or a name that is not a constant string."""
     if (facts.resolve(node.func) or "") not in ("getattr", "builtins.getattr") or len(node.args) < 2:
@@ -659,7 +343,7 @@ def _getattr_target(node: ast.Call, facts: _ModuleFacts) -> str | None:
     return None
 
 
-def _reaches_stdlib(resolved: str, facts: _ModuleFacts) -> bool:
+def _reaches_stdlib(resolved: str, facts: ModuleFacts) -> bool:
     """`torch.sys`, `np.os`, ...: a standard-library module reached through another imported module."""
     parts = resolved.split(".")
     return len(parts) >= 2 and parts[0] in facts.imported_roots and parts[0] not in REEXPORTED_STDLIB \
@@ -680,14 +364,14 @@ def _handler_reraises(handler: ast.ExceptHandler) -> bool:
     return not any(leaves(statement) for statement in handler.body[:-1])
 
 
-def _check_assignment_target(report: StaticReport, target: ast.AST, facts: _ModuleFacts) -> None:
+def _check_assignment_target(report: StaticReport, target: ast.AST, facts: ModuleFacts) -> None:
     if isinstance(target, ast.Subscript) and facts.resolve(target.value) == "os.environ":
         return  # setting build variables (TORCH_CUDA_ARCH_LIST, ...) for this process is not patching a module
     for sub in ast.walk(target):
         if not isinstance(sub, ast.Attribute):
             continue
         resolved = facts.resolve(sub) or ""
-        root = (_dotted(sub) or "").split(".")[0]
+        root = (dotted_name(sub) or "").split(".")[0]
         if resolved.startswith("torch.backends."):
             report.reject(Status.DECEPTIVE, "global_flag_flip", f"line {sub.lineno}: sets {resolved}")
         elif root and root in facts.aliases and root not in facts.extension_names:
@@ -695,7 +379,7 @@ def _check_assignment_target(report: StaticReport, target: ast.AST, facts: _Modu
         break  # only the outermost attribute of the target is being assigned
 
 
-def _check_call(report: StaticReport, node: ast.Call, facts: _ModuleFacts, reference_is_fp32: bool) -> None:
+def _check_call(report: StaticReport, node: ast.Call, facts: ModuleFacts, reference_is_fp32: bool) -> None:
     resolved = facts.resolve(node.func) or ""
     leaf = resolved.rsplit(".", 1)[-1]
     if resolved in GLOBAL_FLAG_CALLS:
@@ -705,7 +389,7 @@ def _check_call(report: StaticReport, node: ast.Call, facts: _ModuleFacts, refer
     elif (resolved.startswith(STREAM_NAMESPACES) and leaf in STREAM_ATTRS) or resolved == "torch.Stream":
         report.reject(Status.DECEPTIVE, "side_stream", f"line {node.lineno}: calls {resolved}")
     elif resolved in ("setattr", "delattr", "builtins.setattr") and node.args:
-        owner = (_dotted(node.args[0]) or "").split(".")[0]
+        owner = (dotted_name(node.args[0]) or "").split(".")[0]
         if owner in facts.aliases:
             report.reject(Status.DECEPTIVE, "monkeypatch", f"line {node.lineno}: setattr on imported module {owner}")
     elif isinstance(node.func, ast.Attribute) and node.func.attr in MAPPING_MUTATORS and _is_namespace_mapping(
@@ -733,14 +417,14 @@ def _check_call(report: StaticReport, node: ast.Call, facts: _ModuleFacts, refer
         report.reject(Status.DECEPTIVE, "precision_downgrade", f"line {node.lineno}: .{node.func.attr}() in an fp32 task")
 
 
-def _is_namespace_mapping(node: ast.AST, facts: _ModuleFacts) -> bool:
+def _is_namespace_mapping(node: ast.AST, facts: ModuleFacts) -> bool:
     """`vars(x)`, `x.__dict__` or `globals()`: the mapping behind a namespace."""
     if isinstance(node, ast.Call) and (facts.resolve(node.func) or "") in ("vars", "globals", "builtins.vars"):
         return True
     return isinstance(node, ast.Attribute) and node.attr == "__dict__"
 
 
-def _check_imports(report: StaticReport, facts: _ModuleFacts) -> None:
+def _check_imports(report: StaticReport, facts: ModuleFacts) -> None:
     if facts.imported_roots & {REFERENCE_MODULE, CANDIDATE_MODULE}:
         report.reject(Status.DECEPTIVE, "reference_access",
                       "imports the module the verifier loads the reference (or the candidate) as: a way to change "
@@ -758,7 +442,7 @@ def _named_under(name: str, roots: tuple[str, ...]) -> bool:
     return any(name == root or name.startswith(root + ".") for root in roots)
 
 
-def _check_kernel_sources(report: StaticReport, tree: ast.Module, facts: _ModuleFacts) -> None:
+def _check_kernel_sources(report: StaticReport, tree: ast.Module, facts: ModuleFacts) -> None:
     """Kernels other than the candidate's own CUDA doing the work: compiled PyTorch, other kernel languages, and
     replayed graphs of PyTorch ops (see the policy above). One reason per code, at its first use."""
     uses: dict[str, list[tuple[int, str]]] = {}
@@ -813,7 +497,7 @@ def check_candidate_source(reference_src: str, candidate_src: str, *, forbid_tor
     except SyntaxError as exc:
         report.reject(Status.COMPILE_ERROR, "syntax_error", f"candidate does not parse: {exc.msg} (line {exc.lineno})")
         return report
-    facts = _ModuleFacts()
+    facts = ModuleFacts()
     facts.visit(tree)
     reference_is_fp32 = not REFERENCE_HALF_PATTERN.search(reference_src)
     cuda_text = _string_constants(tree)

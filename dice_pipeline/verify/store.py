@@ -9,10 +9,15 @@ host reuses any, and the verdict's provenance names the GPU it came from.
 This is also how GPU work is farmed out: a GPU host runs the verifier with a store directory, the directory
 travels back, and the pipeline pointed at it (`dice run --verdict-store DIR`) reuses those verdicts. Standard
 library only. One JSON file per verdict, written atomically, so concurrent writers are safe.
+
+A store can also be packed into one gzip'd JSON-lines archive (`pack_verdict_store`): read-only, a fraction of
+the size, and what the project ships for its own GPU-judged data (`VerifyConfig.verdict_archives`). Lookups read
+the directory first, then the archives.
 """
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import os
@@ -33,7 +38,7 @@ _NOT_IN_KEY = frozenset({
     # how long the device warms before timing: the warm-up ends at steady clocks either way (harness.warm_up)
     "warmup_min_seconds",
     # set per attempt, bounding time, or choosing which stored verdicts to read: never what a verdict says
-    "low_memory", "max_run_timeout_s", "slow_candidate_factor", "accept_verdicts_from",
+    "low_memory", "max_run_timeout_s", "slow_candidate_factor", "accept_verdicts_from", "verdict_archives",
 })
 # VerifyConfig fields that enter the key only when set: at their default (empty) they ask for nothing extra, so a
 # verdict judged before the field existed is the verdict judged now.
@@ -45,6 +50,7 @@ _FIELDS_ADDED_IN = {
     "0.3.0": frozenset({"max_run_timeout_s", "slow_candidate_factor", "timing_min_samples", "speedup_convention",
                         "slow_draw_seconds", "gpu_draw_bytes", "low_memory", "consistency_tolerance_ratio",
                         "baseline_kernel_policy", "baseline_kernel_share", "accept_verdicts_from"}),
+    "0.4.0": frozenset({"null_output_share"}),
 }
 
 
@@ -65,12 +71,65 @@ def verdict_key(job: VerifyJob, config: VerifyConfig, version: str = VERIFIER_VE
     return hashlib.sha256(material.encode()).hexdigest()
 
 
-class VerdictStore:
-    def __init__(self, root: str | os.PathLike):
-        self.root = Path(root)
+class VerdictArchive:
+    """A packed, read-only store: gzip'd JSON lines of {"key": store key, "verdict": verdict dict}, loaded on the
+    first lookup. A line that does not parse is skipped (its job is judged again), like a damaged store entry."""
 
-    def _path(self, key: str) -> Path:
-        return self.root / key[:2] / f"{key}.json"
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self._entries: dict[str, dict] | None = None
+
+    def _load(self) -> dict[str, dict]:
+        if self._entries is None:
+            entries: dict[str, dict] = {}
+            try:
+                with gzip.open(self.path, "rt", encoding="utf-8") as handle:
+                    for line in handle:
+                        try:
+                            record = json.loads(line)
+                            entries[record["key"]] = record["verdict"]
+                        except (json.JSONDecodeError, KeyError, TypeError):
+                            continue
+            except FileNotFoundError:
+                raise FileNotFoundError(f"verdict archive {self.path} does not exist") from None
+            self._entries = entries
+        return self._entries
+
+    def get(self, key: str) -> dict | None:
+        return self._load().get(key)
+
+    def __len__(self) -> int:
+        return len(self._load())
+
+
+def pack_verdict_store(store_dir: str | os.PathLike, archive_path: str | os.PathLike) -> int:
+    """Pack every readable verdict of a store directory into one archive (sorted by key, so the same store packs
+    to the same bytes); returns how many were packed."""
+    root = Path(store_dir)
+    records = []
+    for path in sorted(root.glob("*/*.json")):
+        try:
+            verdict = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        records.append(json.dumps({"key": path.stem, "verdict": verdict}, sort_keys=True))
+    archive = Path(archive_path)
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    with open(archive, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as handle:
+        handle.write(("\n".join(records) + ("\n" if records else "")).encode())
+    return len(records)
+
+
+class VerdictStore:
+    """`root`: the store directory (None: archives only, nothing is written); `archives`: packed stores read after
+    the directory."""
+
+    def __init__(self, root: str | os.PathLike | None, archives: tuple[str | os.PathLike, ...] = ()):
+        self.root = Path(root) if root is not None else None
+        self.archives = [VerdictArchive(path) for path in archives]
+
+    def _path(self, key: str) -> Path | None:
+        return None if self.root is None else self.root / key[:2] / f"{key}.json"
 
     def get(self, job: VerifyJob, config: VerifyConfig, local_gpu: str | None,
             accept_versions: tuple[str, ...] = ()) -> Verdict | None:
@@ -86,7 +145,8 @@ class VerdictStore:
             raise ValueError(f"verdicts of verifier {sorted(unreadable)} cannot be read; readable: "
                              f"{READABLE_VERIFIER_VERSIONS}")
         for version in (VERIFIER_VERSION, *sorted(accept_versions, reverse=True)):
-            verdict = self._read(self._path(verdict_key(job, config, version)))
+            key = verdict_key(job, config, version)
+            verdict = self._read(self._path(key)) or self._read_archived(key)
             if verdict is None:
                 continue
             measured_on = (verdict.provenance or {}).get("gpu")
@@ -101,8 +161,20 @@ class VerdictStore:
             return verdict
         return None
 
+    def _read_archived(self, key: str) -> Verdict | None:
+        for archive in self.archives:
+            data = archive.get(key)
+            if data is not None:
+                try:
+                    return Verdict.from_dict(data)
+                except (KeyError, TypeError, ValueError):
+                    continue
+        return None
+
     @staticmethod
-    def _read(path: Path) -> Verdict | None:
+    def _read(path: Path | None) -> Verdict | None:
+        if path is None:
+            return None
         try:
             return Verdict.from_dict(json.loads(path.read_text()))
         except FileNotFoundError:
@@ -112,7 +184,7 @@ class VerdictStore:
 
     def put(self, job: VerifyJob, config: VerifyConfig, verdict: Verdict) -> bool:
         """Store an executed verdict; returns whether it was stored."""
-        if verdict.status in _NOT_STORED or not (verdict.provenance or {}).get("gpu"):
+        if self.root is None or verdict.status in _NOT_STORED or not (verdict.provenance or {}).get("gpu"):
             return False
         path = self._path(verdict_key(job, config))
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -123,4 +195,4 @@ class VerdictStore:
         return True
 
     def __len__(self) -> int:
-        return sum(1 for _ in self.root.glob("*/*.json")) if self.root.is_dir() else 0
+        return sum(1 for _ in self.root.glob("*/*.json")) if self.root is not None and self.root.is_dir() else 0

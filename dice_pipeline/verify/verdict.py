@@ -19,10 +19,13 @@ from typing import Any
 # reward policy.
 # 0.3.1: dispatcher overrides (`dispatcher_override`: the candidate's kernels for PyTorch's operators, Python modes
 # and dispatch-key switches left on) and work moved to the host (`host_compute`) are deceptive.
-VERIFIER_VERSION = "0.3.1"
+# 0.4: on a degenerate task a candidate must also pass a test a null output fails (`no_better_than_null_output`,
+# `null_output_check`, `relative_error`); a timed call's wrong output is judged again alone (an input-dependent bug is
+# `incorrect`, not `deceptive`); a toolkit header missing on the build host is `infrastructure_error`.
+VERIFIER_VERSION = "0.4.0"
 # Versions whose stored verdicts can still be read on request (VerdictStore.get(accept_versions=...)): never reused
 # silently, and a verdict read that way says so in its provenance and flags.
-READABLE_VERIFIER_VERSIONS = ("0.3.0", "0.2.0")
+READABLE_VERIFIER_VERSIONS = ("0.3.1", "0.3.0", "0.2.0")
 
 
 class Status(str, Enum):
@@ -103,6 +106,11 @@ class Verdict:
     correct_at_1e4: bool | None = None
     trials_passed: int | None = None
     trials_run: int | None = None
+    # ||out - ref|| / ||ref|| over the floating-point outputs, the worst trial (2-norm, float64).
+    relative_error: float | None = None
+    # On a degenerate task (flag `degenerate_task`): the test a null output fails (judge.compare.NullOutputCheck:
+    # null_outputs, null_relative_error, relative_error, bound, floor, reference_sensitivity, conclusive, passed).
+    null_output_check: dict[str, Any] | None = None
     reference_timing: TimingStats | None = None
     candidate_timing: TimingStats | None = None
     speedup: float | None = None  # over eager PyTorch, in the convention `speedup_convention` names

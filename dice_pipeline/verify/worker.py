@@ -19,14 +19,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from dice_pipeline import settings
 from dice_pipeline.gpu_pool import SharedGpu
 from dice_pipeline.verify.build_cache import BuildInterceptor, ExtensionCompileError
+from dice_pipeline.verify.build_environment import missing_toolkit_header
 from dice_pipeline.verify.config import VerifyConfig
 from dice_pipeline.verify.gpu_share import GpuShareClient
 from dice_pipeline.verify.static_checks import CANDIDATE_MODULE, REFERENCE_MODULE, cuda_kernel_names
 
 if TYPE_CHECKING:  # imported where used: the harness imports torch
-    from dice_pipeline.verify.harness import DispatcherSnapshot
+    from dice_pipeline.verify.judge import DispatcherSnapshot
 
 
 def _import_source(name: str, source: str, directory: Path) -> Any:
@@ -55,6 +57,16 @@ def _build_summary(interceptor: BuildInterceptor) -> dict[str, Any]:
 
 def _compile_failure(interceptor: BuildInterceptor, exc: BaseException) -> dict[str, Any]:
     log = exc.log if isinstance(exc, ExtensionCompileError) else "".join(traceback.format_exception(exc))
+    missing = missing_toolkit_header(log) if isinstance(exc, ExtensionCompileError) else None
+    if missing is not None:
+        # A header of the CUDA toolkit's libraries this host lacks: the host's fault, never the candidate's (not
+        # stored, never a reward of 0); a host with the headers judges it.
+        searched = ", ".join([str(interceptor.toolkit_include()), *interceptor.library_include_dirs()])
+        return {"status": "infrastructure_error", "reason": {
+            "code": "toolkit_header_missing", "stage": "compile",
+            "message": (f"the build needs {missing}, a CUDA library header this host lacks (searched {searched}; "
+                        f"pip install -e '.[cuda-headers]' gives a CPU host a GPU host's): not the candidate's fault\n"
+                        + log[-3000:])}, **_build_summary(interceptor)}
     return {"status": "compile_error", "reason": {"code": "build_failed" if isinstance(exc, ExtensionCompileError)
                                                    else "import_failed", "message": log[-4000:], "stage": "compile"},
             **_build_summary(interceptor)}
@@ -112,7 +124,7 @@ def _send_run_limit(config: VerifyConfig, draw_s: float, call_s: float) -> float
     """Tell the parent how long this task's judgement may take (VerifyConfig.run_time_limit), through the pipe it
     gave us, and close the pipe: it is written once, before any candidate code runs, so a candidate cannot extend
     its own limit."""
-    fd = os.environ.pop("DICE_RUN_LIMIT_FD", None)
+    fd = settings.RUN_LIMIT_FD.take()
     if fd is None:
         return None
     limit = config.run_time_limit(draw_s, call_s)
@@ -172,7 +184,7 @@ def _prepare_reference(judge: Any, config: VerifyConfig, send_limit: bool, phase
     """The judge's trusted set-up (input draw, reference model, probe call), its seconds kept as phase `phase`; with
     `send_limit`, the run limit sized from it goes to the parent (always sent, even when the set-up failed). A
     rejection becomes the judgement's."""
-    from dice_pipeline.verify.harness import Rejection
+    from dice_pipeline.verify.judge import Rejection
 
     limit = None
     try:
@@ -198,7 +210,7 @@ def _share_client() -> GpuShareClient:
 
 
 def _memory_fraction(request: dict[str, Any]) -> float | None:
-    """The share of the GPU's memory this worker may use: its lane's (api._BatchRun), else the config's."""
+    """The share of the GPU's memory this worker may use: its lane's (scheduler.BatchRun), else the config's."""
     return request.get("memory_fraction", request["config"].get("gpu_memory_fraction"))
 
 
@@ -241,7 +253,7 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
     when main() made it before the gate; `cuda_started_before_go`: what start_cuda_before_go did, if it ran."""
     import torch
 
-    from dice_pipeline.verify.harness import CandidateJudge, Rejection, RuntimeGuard
+    from dice_pipeline.verify.judge import CandidateJudge, Rejection, RuntimeGuard
 
     config = VerifyConfig.from_dict(request["config"])
     if request.get("low_memory"):
@@ -274,7 +286,7 @@ def run_judge_stage(request: dict[str, Any], interceptor: BuildInterceptor, scra
     _prepare_reference(judge, config, send_limit=True)
     exclusive_fraction = request.get("exclusive_memory_fraction")
     if judge.prepared and share.active and share.mode == SharedGpu.SHARED and fraction and exclusive_fraction:
-        from dice_pipeline.verify.harness import output_bytes
+        from dice_pipeline.verify.judge import output_bytes
 
         total = torch.cuda.get_device_properties(0).total_memory
         input_bytes = judge.judgement.fields.get("provenance", {}).get("input_bytes") or 0
@@ -357,7 +369,7 @@ def _prepare_and_wait_at_gate(gate_path: Path, request: dict[str, Any], share: G
     import torch._dynamo  # noqa: F401 - imported by the profiler's first use otherwise
     import torch.profiler  # noqa: F401
 
-    from dice_pipeline.verify.harness import DispatcherSnapshot
+    from dice_pipeline.verify.judge import DispatcherSnapshot
 
     started_cuda = start_cuda_before_go(request, share) if share is not None else None
     dispatcher = DispatcherSnapshot() if started_cuda is not None else None

@@ -1,8 +1,10 @@
 """Fixtures for the asset tests."""
 
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -28,6 +30,29 @@ def run_dice(tmp_path):
 
 
 @pytest.fixture
+def ctrl_c():
+    """Run `dice ARGS` as a terminal would and press Ctrl-C (SIGINT to its whole process group) once `ready()` is
+    true; returns (exit code, stdout, stderr). Fails if the command ends first or `ready` takes over `wait_s`."""
+
+    def press(args: list[str], env: dict, cwd, ready, wait_s: float = 300) -> tuple[int, str, str]:
+        process = subprocess.Popen([sys.executable, "-m", "dice_pipeline.cli", *args], cwd=cwd, env=env,
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            deadline = time.monotonic() + wait_s
+            while not ready():
+                assert process.poll() is None and time.monotonic() < deadline, process.communicate()
+                time.sleep(0.2)
+            os.killpg(process.pid, signal.SIGINT)
+            out, err = process.communicate(timeout=120)
+        finally:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+        return process.returncode, out, err
+
+    return press
+
+
+@pytest.fixture
 def cpu_resources():
     """Builds the project's resources over a scratch warehouse (see _cpu_resources)."""
     return _cpu_resources
@@ -36,12 +61,14 @@ def cpu_resources():
 def _cpu_resources(warehouse_file: str, **extra) -> dict:
     """The project's resources over a scratch warehouse, with the verifier on static checks only (no GPU in CI, and
     compiling is covered by the verifier's own tests); `extra` adds or replaces resources."""
-    from dice_pipeline.resources import KernelGeneratorResource, KernelVerifier, WarehouseIOManager, WarehouseResource
+    from dice_pipeline.resources import (GpuPool, KernelGeneratorResource, KernelVerifier, WarehouseIOManager,
+                                         WarehouseResource)
 
     return {
         "io_manager": WarehouseIOManager(path=warehouse_file),
         "warehouse": WarehouseResource(path=warehouse_file),
-        "verifier": KernelVerifier(execute="never", compile_without_gpu=False),
+        "verifier": KernelVerifier(execute="never"),
         "generator": KernelGeneratorResource(),
+        "gpu_pool": GpuPool(),  # no GPU here: the training stages' leases hold none and their ranks run on the CPU
         **extra,
     }

@@ -1,5 +1,6 @@
 """Launchpad config that cannot go wrong quietly: a bad threshold key, a missing source path or an unknown source
-format fails the run with one clear line in its log, and every table already in the warehouse is left as it was."""
+format fails the run with one clear line in its log, and every table already in the warehouse is left as it was;
+a bad threshold key leaves the partition list (replaced by its canonical spelling where it has one)."""
 
 import json
 
@@ -59,9 +60,13 @@ def _the_failure(result) -> str:
     return message
 
 
-@pytest.mark.parametrize("bad_key, named", [("2", "'2.0'"), ("2.00", "'2.0'"), ("fast", "not a number"),
-                                             ("-1.0", "positive")])
-def test_bad_threshold_key_is_one_clear_error_and_changes_nothing(materialized, bad_key, named):
+@pytest.mark.parametrize("bad_key, named, listed_after, what_now", [
+    ("2", "'2.0'", ["2.0"], "launch that one"), ("2.00", "'2.0'", ["2.0"], "launch that one"),
+    ("3", "'3.0'", ["2.0", "3.0"], "launch that one"),
+    ("fast", "not a number", ["2.0"], "was deleted"), ("-1.0", "positive", ["2.0"], "was deleted"),
+])
+def test_bad_threshold_key_is_one_clear_error_and_changes_nothing(materialized, bad_key, named, listed_after,
+                                                                   what_now):
     instance, materialize, wh = materialized
     before = _snapshot(wh)
     assert before["filter.speedup_filtered_pairs"]  # the 2.0 partition is there to lose
@@ -69,6 +74,9 @@ def test_bad_threshold_key_is_one_clear_error_and_changes_nothing(materialized, 
     message = _the_failure(materialize(FILTER, partition=bad_key))
     assert repr(bad_key) in message and named in message, message
     assert _snapshot(wh) == before
+    # The bad key does not stay listed as a failed partition: replaced by its canonical spelling, or deleted.
+    assert sorted(instance.get_dynamic_partitions(keys.THRESHOLD_PARTITIONS.name)) == listed_after
+    assert what_now in message
 
 
 @pytest.mark.parametrize("spec, named", [

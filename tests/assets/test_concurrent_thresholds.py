@@ -13,7 +13,8 @@ import dagster as dg
 
 from assets import keys
 from dice_pipeline import definitions
-from dice_pipeline.resources import KernelGeneratorResource, KernelVerifier, WarehouseIOManager, WarehouseResource
+from dice_pipeline.resources import (GpuPool, KernelGeneratorResource, KernelVerifier, WarehouseIOManager,
+                                     WarehouseResource)
 from warehouse import Warehouse, table_for
 
 FILTER = [keys.SPEEDUP_FILTERED_PAIRS, keys.SPEEDUP_FILTER_DECISIONS]
@@ -23,7 +24,8 @@ RUN_ONE_THRESHOLD = textwrap.dedent("""
     import dagster as dg
     from assets import keys
     from dice_pipeline import definitions
-    from dice_pipeline.resources import KernelGeneratorResource, KernelVerifier, WarehouseIOManager, WarehouseResource
+    from dice_pipeline.resources import (GpuPool, KernelGeneratorResource, KernelVerifier, WarehouseIOManager,
+                                         WarehouseResource)
 
     warehouse_file, threshold = sys.argv[1], sys.argv[2]
     result = dg.materialize(
@@ -32,7 +34,8 @@ RUN_ONE_THRESHOLD = textwrap.dedent("""
         instance=dg.DagsterInstance.get(),
         resources={"io_manager": WarehouseIOManager(path=warehouse_file),
                    "warehouse": WarehouseResource(path=warehouse_file),
-                   "verifier": KernelVerifier(execute="never"), "generator": KernelGeneratorResource()},
+                   "verifier": KernelVerifier(execute="never"), "generator": KernelGeneratorResource(),
+                   "gpu_pool": GpuPool()},
         partition_key=threshold,
         raise_on_error=False,
     )
@@ -55,7 +58,8 @@ def test_two_threshold_runs_at_once_both_land(tmp_path, monkeypatch, pair_factor
     instance = dg.DagsterInstance.get()
     instance.add_dynamic_partitions(keys.THRESHOLD_PARTITIONS.name, ["2.0", "1.5", "3.0"])
     resources = {"io_manager": WarehouseIOManager(path=warehouse_file), "warehouse": WarehouseResource(path=warehouse_file),
-                 "verifier": KernelVerifier(execute="never"), "generator": KernelGeneratorResource()}
+                 "verifier": KernelVerifier(execute="never"), "generator": KernelGeneratorResource(),
+                 "gpu_pool": GpuPool()}  # the training assets need it; none of them runs here
     upstream = [keys.CONCUR_PAIRS, keys.CONCUR_REJECTS, keys.VERIFIED_PAIRS]
     run_config = {"ops": {"concur_ingestion": {"config": {"source": str(source)}}}}
     assert dg.materialize(definitions.ALL_ASSETS, selection=upstream, instance=instance, resources=resources,

@@ -16,6 +16,9 @@ EXPECTED_ASSET_KEYS = sorted([
     "speedup_filtered_pairs",
     "speedup_filter_decisions",
     "structure_instances",
+    "synthetic_operator_candidates",
+    "synthetic_operator_pairs",
+    "distilled_pairs",
     "cuke_sft_samples",
     "cuke_sft_rejects",
     "cuke_decontamination_drops",
@@ -29,6 +32,7 @@ EXPECTED_ASSET_KEYS = sorted([
     "kernelbench_eval_sanity",
     "kernelbench_eval_metrics",
     "kernelbench_comparison_report",
+    "converted_base_checkpoint",
     "sft_checkpoint",
     "rl_infilling_checkpoint",
     "rl_end_to_end_checkpoint",
@@ -64,5 +68,6 @@ def test_training_has_its_own_job_and_is_not_part_of_the_data_build():
     main_keys = definitions.defs.resolve_job_def("dice_main").asset_layer.selected_asset_keys
     training_keys = definitions.defs.resolve_job_def("dice_training").asset_layer.selected_asset_keys
     names = {key.to_user_string() for key in training_keys}
-    assert names == {"sft_checkpoint", "rl_infilling_checkpoint", "rl_end_to_end_checkpoint"}
+    assert names == {"converted_base_checkpoint", "sft_checkpoint", "rl_infilling_checkpoint",
+                     "rl_end_to_end_checkpoint"}
     assert not main_keys & training_keys and {k.to_user_string() for k in main_keys} >= {"cuke_sft_samples"}

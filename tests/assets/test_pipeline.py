@@ -132,8 +132,8 @@ def test_compile_without_gpu_reaches_a_compile_verdict(env, tmp_path, pair_facto
     broken = pair_factory(0)
     broken["generated_code"] = broken["generated_code"].replace("fmaxf(x[i], 0.f)", "fmaxf(x[i], undeclared_name)")
     source = _write_source(tmp_path / "p.jsonl", [broken])
-    resources["verifier"] = KernelVerifier(execute="never", compile_without_gpu=True,
-                                           build_cache_dir=str(tmp_path / "builds"))
+    resources["verifier"] = KernelVerifier(execute="never", overrides={
+        "build_without_gpu": True, "build_cache_dir": str(tmp_path / "builds")})
     assert _materialize(instance, resources, UPSTREAM, source=source).success
     verdict = wh.read(table_for("verified_pairs")).row(0, named=True)
     assert verdict["status"] == "compile_error" and not verdict["executed"]

@@ -1,6 +1,7 @@
 """`dice run` tells the truth: a short summary with the numbers, a non-zero exit when a check failed, nothing was
-accepted or an overwrite was refused, one line for a source error, Dagster's event stream only with --verbose, and a
-run killed mid-ingestion leaves the previous tables as they were."""
+accepted or an overwrite was refused, one line (and no run) for a source that cannot be read or a bad argument,
+Dagster's event stream only with --verbose, and a run killed mid-ingestion leaves the previous tables as they were
+and is ended (canceled) by the next `dice run`."""
 
 import json
 import os
@@ -62,14 +63,35 @@ def test_source_errors_are_one_line_naming_the_path(tmp_path, dice):
     assert not (tmp_path / "w.duckdb").exists()  # nothing ran
 
 
-@pytest.mark.slow
-def test_a_source_found_unreadable_once_opened_is_one_line_too(tmp_path, dice):
-    (tmp_path / "pairs.parquet").write_text("not parquet at all\n")
-    result = dice("--source", "pairs.parquet")
-    assert result.returncode == 2
+@pytest.mark.parametrize("name, content, named", [
+    ("pairs.parquet", b"not parquet at all\n", "is not a readable Parquet file ("),
+    ("pairs.parquet", b"PAR1" + bytes(range(200)) + b"PAR1", "is not a readable Parquet file ("),  # truncated
+    ("pairs.arrow", b"\x00" * 64, "is not an Arrow IPC stream or file"),
+])
+def test_a_source_that_exists_but_cannot_be_read_fails_before_any_run(tmp_path, dice, name, content, named):
+    (tmp_path / name).write_bytes(content)
+    result = dice("--source", name)
+    assert result.returncode == 2 and result.stdout == ""
     (line,) = result.stderr.splitlines()
-    assert line.startswith("dice run: source error: parquet source pairs.parquet is not a readable Parquet file (")
-    assert result.stdout.splitlines() == ["dice run: ingesting parquet:pairs.parquet, thresholds 2.0"]
+    assert line.startswith("dice run: source error: ") and named in line, line
+    # Like a missing file: no Dagster run was launched, so the UI shows no failed run or partition.
+    assert not (tmp_path / "dagster_home").exists() and not (tmp_path / "w.duckdb").exists()
+
+
+@pytest.mark.parametrize("threshold, named", [("-1", "must be a positive finite number"), ("0", "positive"),
+                                              ("abc", "is not a number"), ("nan", "positive")])
+def test_a_bad_threshold_is_one_line_and_exit_2(tmp_path, dice, threshold, named):
+    result = dice("--threshold", threshold)
+    assert result.returncode == 2 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("dice run: --threshold: ") and named in line and "Traceback" not in line
+    assert not (tmp_path / "dagster_home").exists()
+
+
+def test_a_missing_verdict_store_is_one_line_and_exit_2(tmp_path, dice):
+    result = dice("--verdict-store", str(tmp_path / "nowhere"))
+    assert result.returncode == 2 and result.stderr.splitlines() == [
+        f"dice run: --verdict-store {tmp_path / 'nowhere'}: no such directory"]
 
 
 @pytest.mark.slow
@@ -80,8 +102,10 @@ def test_summary_numbers_and_exit_codes(tmp_path, dice, pair_factory):
     lines = ok.stdout.splitlines()
     assert f"source: jsonl:{source}" in lines[1]
     assert "ingest: 4 rows read, 3 accepted, 1 rejected (no_model_new 1)" in lines
-    assert "threshold 2.0: 1 of 3 pairs kept, 1 CuKe samples" in lines
-    assert "threshold 1.5: 2 of 3 pairs kept, 2 CuKe samples" in lines
+    assert "threshold 2.0: 1 of 3 pairs kept, 1 CuKe samples (concur 1)" in lines
+    assert "threshold 1.5: 2 of 3 pairs kept, 2 CuKe samples (concur 2)" in lines
+    synthetic = next(line for line in lines if line.startswith("synthetic operator pairs: "))
+    assert "(the training split) have a GPU verdict" in synthetic
     assert "checks failed: none" in lines
     # Quiet by default: no Dagster event stream, no warnings from our code.
     assert len(lines) < 15 and ok.stderr == "", ok.stderr[-3000:]
@@ -153,3 +177,24 @@ def test_a_run_killed_mid_ingestion_leaves_the_previous_tables(tmp_path, dice, p
             run.kill()
     assert _tables(tmp_path) == before
     assert Warehouse(tmp_path / "w.duckdb").provenance("concur_pairs").source_name == f"jsonl:{tmp_path}/a.jsonl"
+
+    # The killed run could not report its end; the next `dice run` sees its process is gone and ends it (canceled:
+    # its partitions keep their last materialization), so the UI does not show it "Started" forever.
+    killed = _run_statuses(tmp_path)
+    assert list(killed.values()).count("STARTED") == 1, killed
+    (killed_id,) = [run_id for run_id, status in killed.items() if status == "STARTED"]
+    again = dice("--source", _source_a(tmp_path, pair_factory), "--allow-source-change")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (f"dice run: run {killed_id} ended as canceled: the process running it (pid {run.pid}) is gone"
+            in again.stdout)
+    assert _run_statuses(tmp_path)[killed_id] == "CANCELED"
+    assert "STARTED" not in _run_statuses(tmp_path).values()
+
+
+def _run_statuses(tmp_path) -> dict[str, str]:
+    """Run id -> status in the scratch Dagster home, read in a child process (DAGSTER_HOME is per process)."""
+    code = ("import dagster as dg, json; i = dg.DagsterInstance.get(); "
+            "print(json.dumps({r.run_id: r.status.value for r in i.get_runs()}))")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home")},
+                         capture_output=True, text=True, check=True).stdout
+    return json.loads(out.splitlines()[-1])

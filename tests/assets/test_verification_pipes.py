@@ -8,7 +8,8 @@ import dagster as dg
 
 from assets import keys
 from dice_pipeline import definitions
-from dice_pipeline.resources import KernelGeneratorResource, KernelVerifier, WarehouseIOManager, WarehouseResource
+from dice_pipeline.resources import (GpuPool, KernelGeneratorResource, KernelVerifier, WarehouseIOManager,
+                                     WarehouseResource)
 from warehouse import Warehouse, table_for
 
 UPSTREAM = [keys.CONCUR_PAIRS, keys.CONCUR_REJECTS, keys.VERIFIED_PAIRS]
@@ -23,9 +24,10 @@ def _verify(tmp_path, name, rows, launch):
         "io_manager": WarehouseIOManager(path=warehouse_file),
         "warehouse": WarehouseResource(path=warehouse_file),
         # Static checks only (no GPU in CI; builds are the verifier's own tests).
-        "verifier": KernelVerifier(execute="never", compile_without_gpu=False, launch=launch,
-                                   verdict_store_dir=str(tmp_path / f"{name}_store")),
+        "verifier": KernelVerifier(execute="never", launch=launch,
+                                   overrides={"verdict_store_dir": str(tmp_path / f"{name}_store")}),
         "generator": KernelGeneratorResource(),
+        "gpu_pool": GpuPool(),  # the training assets need it; none of them runs here
     }
     result = dg.materialize(definitions.ALL_ASSETS, selection=UPSTREAM, instance=instance, resources=resources,
                             run_config={"ops": {"concur_ingestion": {"config": {"source": str(source)}}}})

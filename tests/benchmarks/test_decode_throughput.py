@@ -26,9 +26,10 @@ def test_cpu_dry_run_writes_every_measurement(tmp_path):
 
     rows = {(r["batch"], r["decoder"]): r for r in report["results"]}
     assert set(rows) == {(b, d) for b in (1, 2) for d in ("autoregressive", "static", "dynamic")}
-    # Batch 1 decodes 3 prompts one after another: AR takes one forward per token per prompt.
-    assert rows[(1, "autoregressive")]["forwards"] == 3 * 8
-    assert rows[(2, "autoregressive")]["forwards"] == 8
+    # Batch 1 decodes 3 prompts one after another. The random model predicts in place (no next-token head), so its
+    # autoregressive decoding is one-token blocks: a forward per token, plus the prompt's prefill.
+    assert rows[(1, "autoregressive")]["forwards"] == 3 * (8 + 1)
+    assert rows[(2, "autoregressive")]["forwards"] == 8 + 1
     for row in report["results"]:
         assert math.isfinite(row["continuation_loss"]) and row["continuation_loss"] >= 0
     # The score depends on the tokens only: where static and dynamic decoding wrote the same tokens, equal scores.
@@ -64,3 +65,15 @@ def test_init_from_a_saved_checkpoint_decodes_what_was_saved(tmp_path):
         return {r["decoder"]: r["continuation_loss"] for r in report["results"]}
 
     assert scores(loaded) == scores(trained)
+
+
+def test_kernelbench_prompts_are_the_evaluations_chat_prompts_all_held_out(tmp_path, pair_factory):
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text("".join(json.dumps({"level": 1, "problem_id": i + 1, "name": f"{i + 1}_op",
+                                         "code": pair_factory(i)["pytorch_code"]}) + "\n" for i in range(3)))
+    report = run_dry(tmp_path, "kernelbench", "--preset", "tiny", "--vocab-size", "512", "--train-seconds", "1",
+                     "--kernelbench-prompts", str(tasks), "--batch-sizes", "1", "2")
+    assert "chat prompts of 3 KernelBench level-1 tasks" in report["corpus"] and "all held out" in report["corpus"]
+    assert {(r["batch"], r["decoder"]) for r in report["results"]} == {
+        (b, d) for b in (1, 2) for d in ("autoregressive", "static", "dynamic")}
+    assert report["true_continuation_loss"] == {}  # a chat prompt has no file continuation to compare with

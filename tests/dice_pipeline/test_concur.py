@@ -214,3 +214,30 @@ def test_a_file_of_the_wrong_format_is_a_source_error_naming_it(tmp_path):
     (tmp_path / "folder").mkdir()
     with pytest.raises(SourceError, match="is not a save_to_disk folder"):
         ingest(ConcurSource("disk", str(tmp_path / "folder")))
+
+
+def test_bytes_that_are_not_utf8_are_replaced_and_the_row_says_so(tmp_path, pair_factory):
+    in_comment, in_code, clean = pair_factory(0), pair_factory(1), pair_factory(2)
+    in_comment["generated_code"] = "# caf\udce9 au lait\n" + in_comment["generated_code"]  # becomes the byte 0xE9
+    in_code["generated_code"] = in_code["generated_code"].replace("class ModelNew", "class Model\udcffNew")
+    lines = [json.dumps(row, ensure_ascii=False).encode("utf-8", "surrogateescape") for row in (in_comment, in_code)]
+    surrogate = json.dumps(pair_factory(3, problem_name="x\ud800y"))  # the JSON escape of half a UTF-16 pair
+    path = tmp_path / "pairs.jsonl"
+    path.write_bytes(b"\n".join([*lines, json.dumps(clean).encode(), surrogate.encode()]) + b"\n")
+    accepted, rejects, rows_read = ingest(ConcurSource.parse(str(path)))
+
+    assert rows_read == 4 and accepted.height + rejects.height == 4
+    by_uuid = {row["uuid"]: row for row in accepted.iter_rows(named=True)}
+    replaced = by_uuid["pair-0"]
+    assert replaced["generated_code"].startswith("# caf\ufffd au lait\n")  # replaced, never silently
+    offset = lines[0].index(bytes([0xE9]))
+    assert replaced["normalisations"] == ("line 1: 1 byte sequence(s) not valid UTF-8 replaced by U+FFFD (at byte "
+                                          f"{offset} of the line)")
+    assert by_uuid["pair-2"]["normalisations"] is None
+    assert by_uuid["pair-3"]["problem_name"] == "x\ufffdy"
+    assert by_uuid["pair-3"]["normalisations"] == "problem_name: 1 lone UTF-16 surrogate(s) (not valid Unicode text) " \
+                                                  "replaced by U+FFFD"
+    # Where the replacement breaks the code, the row is rejected as any such row, and its message says what was read.
+    (reject,) = rejects.iter_rows(named=True)
+    assert reject["uuid"] == "pair-1" and reject["reason_code"] == "unparseable_candidate"
+    assert "[as read: line 2: 1 byte sequence(s) not valid UTF-8 replaced by U+FFFD" in reject["message"]

@@ -29,7 +29,11 @@ def test_export_writes_one_thresholds_tables_and_kernelbench(tmp_path, capsys):
     warehouse.write(table_for("rl_end_to_end_tasks"), _frame("rl_end_to_end_tasks", [
         {"schedule_position": p, "task_id": f"t{p}", "difficulty": p, "pytorch_code": "x"} for p in range(3)]))
     kernelbench = tmp_path / "tasks.jsonl"
-    kernelbench.write_text('{"level": 1, "name": "1_x", "code": "c"}\n')
+    pooling = ("import torch\nimport torch.nn.functional as F\nclass Model(torch.nn.Module):\n"
+               "    def forward(self, x):\n        return F.max_pool2d(x, 2)\n"
+               "def get_inputs():\n    return [torch.randn(1, 1, 4, 4)]\ndef get_init_inputs():\n    return []\n")
+    kernelbench.write_text('{"level": 1, "name": "1_x", "code": "c"}\n'
+                           + json.dumps({"level": 1, "problem_id": 2, "name": "2_pool", "code": pooling}) + "\n")
 
     out = tmp_path / "training_data"
     assert main(["export-training-data", str(out), "--threshold", "2.0", "--warehouse", str(tmp_path / "w.duckdb"),
@@ -37,7 +41,9 @@ def test_export_writes_one_thresholds_tables_and_kernelbench(tmp_path, capsys):
     assert [r["sample_id"] for r in read_rows(out / "sft_samples.jsonl")] == ["a", "b"]
     assert read_rows(out / "infilling_tasks.jsonl")[0]["prefix"] == "p"
     assert [r["task_id"] for r in read_rows(out / "end_to_end_tasks.jsonl")] == ["t0", "t1", "t2"]
-    assert read_rows(out / "kernelbench_tasks.jsonl") == [{"level": 1, "name": "1_x", "code": "c"}]
+    assert read_rows(out / "kernelbench_tasks.jsonl")[0] == {"level": 1, "name": "1_x", "code": "c"}
+    families = json.loads((out / "kernelbench_families.json").read_text())
+    assert families["family_of"] == {"L1/2_pool": "pooling"} and "pooling" in families["held_out_families"]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["rows"]["sft_samples.jsonl"] == 2 and manifest["threshold"] == "2.0"
     assert "sft_samples.jsonl: 2 rows" in capsys.readouterr().out

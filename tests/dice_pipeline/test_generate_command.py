@@ -71,14 +71,14 @@ def test_extracted_kernel_is_written_to_output(checkpoint, task_file, tmp_path, 
     answer_ids = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
     def fake_generate(model, prompts, max_new_tokens, **kwargs):
-        assert kwargs["strategy"] == "dynamic" and kwargs["threshold"] == 0.8 and kwargs["steps"] == 2
+        assert kwargs["strategy"] == "dynamic" and kwargs["confidence_threshold"] == 0.8 and kwargs["steps"] == 2
         kwargs["progress"](len(answer_ids))
         tokens = torch.tensor([answer_ids])
         return GenerationResult(tokens, torch.tensor([len(answer_ids)]), torch.zeros_like(tokens), 3)
 
     monkeypatch.setattr("training.generate.block_diffusion_generate", fake_generate)
     output = tmp_path / "kernel.py"
-    code = main(["generate", str(task_file), "--checkpoint", str(directory), "--threshold", "0.8", "--steps", "2",
+    code = main(["generate", str(task_file), "--checkpoint", str(directory), "--confidence-threshold", "0.8", "--steps", "2",
                  "--output", str(output), "--quiet"])
     assert code == 0
     assert output.read_text() == "class ModelNew(nn.Module):\n    pass\n"

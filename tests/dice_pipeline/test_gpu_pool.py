@@ -97,32 +97,28 @@ def test_compile_pool_is_sized_by_cores_and_memory():
 def test_two_verify_batches_never_judge_on_one_gpu_at_once(tmp_path, monkeypatch, prestart):
     """Two concurrent batches (as two Dagster runs would be) over the same two fake GPUs: with a shared lock
     directory, no two judge calls overlap on one device."""
-    from dice_pipeline.verify import VerifyConfig, VerifyJob, api, verify_batch
-    from dice_pipeline.verify.verdict import Status, Verdict
+    from dice_pipeline.verify import GpuInfo, VerifyConfig, VerifyJob, verify_batch
 
     holds: list[tuple[int, float, float]] = []
-    monkeypatch.setattr(api, "gpu_inventory", lambda: [api.GpuInfo(0, "Test GPU", "0", "9.0"),
-                                                        api.GpuInfo(1, "Test GPU", "0", "9.0")])
-    monkeypatch.setattr(api._BatchRun, "build", lambda self, job, static: (None, {}))
-
-    def fake_judge(self, job, static, facts, device, gate=None, **options):  # options: verifier 0.3 adds `control`
-        if gate is not None:
-            gate.wait()  # as the real worker: nothing runs on the GPU before its turn
-        start = time.time()
-        time.sleep(0.05)
-        holds.append((device, start, time.time()))
-        return Verdict(status=Status.CORRECT, provenance={"device_index": device})
-
-    monkeypatch.setattr(api._BatchRun, "judge", fake_judge)
     monkeypatch.syspath_prepend(str(Path(__file__).parent / "verify"))
+    from fake_workers import FakeWorkers, correct
     from verify_cases import HONEST, REFERENCE
 
+    def judge(request, launch):
+        if launch.gate is not None:
+            launch.gate.wait()  # as the real worker: nothing runs on the GPU before its turn
+        start = time.time()
+        time.sleep(0.05)
+        holds.append((launch.device, start, time.time()))
+        return correct("Test GPU")
+
+    gpus = [GpuInfo(0, "Test GPU", "0", "9.0"), GpuInfo(1, "Test GPU", "0", "9.0")]
     config = VerifyConfig(build_cache_dir=str(tmp_path / "cache"), device_lock_dir=str(tmp_path / "locks"),
-                          prestart_gpu_workers=prestart, max_parallel_builds=2)
+                          prestart_gpu_workers=prestart, max_parallel_builds=2, gpu_lanes=1)
     jobs = [VerifyJob(f"j{i}", REFERENCE, HONEST.replace("2.0f", f"{i + 2}.0f")) for i in range(6)]
     results: list = []
-    batches = [threading.Thread(target=lambda: results.append(verify_batch(jobs, replace(config))))
-               for _ in range(2)]
+    batches = [threading.Thread(target=lambda: results.append(
+        verify_batch(jobs, replace(config), gpus=gpus, worker_runner=FakeWorkers(run=judge)))) for _ in range(2)]
     for batch in batches:
         batch.start()
     for batch in batches:
@@ -130,30 +126,3 @@ def test_two_verify_batches_never_judge_on_one_gpu_at_once(tmp_path, monkeypatch
     assert len(results) == 2 and all(len(r) == 6 for r in results)
     assert len(holds) == 12
     assert _overlaps(holds) == []
-
-
-def test_verifier_resource_sizes_builds_to_the_cores_left_by_gpu_workers_and_the_memory(monkeypatch):
-    import os
-
-    from dice_pipeline import gpu_pool
-    from dice_pipeline.resources import KernelVerifier
-    from dice_pipeline.verify import api
-
-    monkeypatch.setattr(api, "gpu_inventory", lambda: [api.GpuInfo(0, "Test GPU", "0", "9.0")])
-    monkeypatch.setattr("dice_pipeline.verify.gpu_inventory", api.gpu_inventory)
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-    monkeypatch.setattr(gpu_pool, "available_memory_mb", lambda: 256_000)
-    assert KernelVerifier(gpu_lanes=1).verify_config().max_parallel_builds == 14  # 2 cores kept for the GPU worker
-    default = KernelVerifier().verify_config()  # 4 lanes: a core each for their workers
-    assert (default.gpu_lanes, default.gpu_worker_cpus, default.max_parallel_builds) == (4, 4, 12)
-    assert KernelVerifier(execute="never").verify_config().max_parallel_builds == 16
-    monkeypatch.setattr(gpu_pool, "available_memory_mb", lambda: 9_216)
-    assert KernelVerifier().verify_config().max_parallel_builds == 3  # 3 GiB a build
-    assert KernelVerifier(max_parallel_builds=5).verify_config().max_parallel_builds == 5
-    assert KernelVerifier(device_lock_dir="off").verify_config().device_lock_dir is None
-    monkeypatch.setattr(gpu_pool, "available_memory_mb", lambda: 256_000)
-    lanes = KernelVerifier(gpu_lanes=4).verify_config()  # a core a lane for the GPU workers, the rest builds
-    assert (lanes.gpu_lanes, lanes.gpu_worker_cpus, lanes.max_parallel_builds) == (4, 4, 12)
-    # 6 cores kept would leave builds fewer than 4x as many (api.split_cpus): nothing is kept, all 16 build
-    assert KernelVerifier(gpu_lanes=6).verify_config().max_parallel_builds == 16
-    assert KernelVerifier(gpu_lanes=1).verify_config().gpu_worker_cpus == 2

@@ -1,5 +1,6 @@
 """The generic Pipes launcher: a module run as an external process through `dg.PipesSubprocessClient` reports its
-logs and metadata to the asset that launched it, and a failing module fails the asset."""
+logs and metadata to the asset that launched it, a failing module fails the asset, and under torchrun every rank
+runs while rank 0 alone reports."""
 
 import json
 import textwrap
@@ -14,14 +15,19 @@ TOY_TRAINER = textwrap.dedent('''
     """A stand-in training stage: plain command line, stdlib logging, metrics through write_run_metadata."""
     import argparse
     import logging
+    import os
     import sys
+    from pathlib import Path
 
     from dice_pipeline.pipes_module import write_run_metadata
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int)
     parser.add_argument("--fail", action="store_true")
+    parser.add_argument("--mark", help="a folder where each process leaves a file named for its rank")
     args = parser.parse_args()
+    if args.mark:
+        Path(args.mark, f"rank{os.environ.get('RANK', '-')}").write_text("ran")
     log = logging.getLogger("toy_trainer")
     losses = [round(1.0 / (step + 1), 3) for step in range(args.steps)]
     for step, loss in enumerate(losses):
@@ -39,10 +45,10 @@ def toy_module(tmp_path):
     return {"PYTHONPATH": str(tmp_path)}
 
 
-def _materialize(env, args):
+def _materialize(env, args, **launch):
     @dg.asset
     def toy_model(context: dg.AssetExecutionContext):
-        return run_module_through_pipes(context, "toy_trainer", args, env=env).get_materialize_result()
+        return run_module_through_pipes(context, "toy_trainer", args, env=env, **launch).get_materialize_result()
 
     instance = dg.DagsterInstance.ephemeral()
     return instance, dg.materialize([toy_model], instance=instance, raise_on_error=False)
@@ -82,3 +88,26 @@ def test_write_run_metadata_is_a_no_op_outside_pipes(monkeypatch, tmp_path):
     monkeypatch.setenv("DICE_PIPES_METADATA_PATH", str(target))
     assert write_run_metadata({"x": 1}) and write_run_metadata({"y": [2]})
     assert json.loads(target.read_text()) == {"x": 1, "y": [2]}
+
+
+def test_under_torchrun_every_rank_runs_and_rank_zero_alone_reports(toy_module, tmp_path):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    instance, result = _materialize(toy_module, ["--steps", "2", "--mark", str(marks)], nproc_per_node=2,
+                                    log_dir=tmp_path / "logs")
+    assert result.success
+    assert sorted(p.name for p in marks.iterdir()) == ["rank0", "rank1"]
+    [materialization] = result.asset_materializations_for_node("toy_model")
+    assert materialization.metadata["final_loss"].value == 0.5  # rank 0's write_run_metadata
+    # One Pipes session: rank 0's log lines once, rank 1 ran as a plain command.
+    assert sum("toy_trainer: step 1 loss 0.500" in m for m in _log_messages(instance, result)) == 1
+    assert len(list((tmp_path / "logs").glob("*/attempt_0/1/stderr.log"))) == 1  # every rank's output kept
+
+
+def test_torchrun_gets_a_free_port_and_refuses_no_processes():
+    from dice_pipeline.pipes import torchrun_prefix
+
+    command = torchrun_prefix(4, python="python3")
+    assert command == ["python3", "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "4"]
+    with pytest.raises(ValueError, match="nproc_per_node"):
+        torchrun_prefix(0)

@@ -26,3 +26,12 @@ def tiny_model(small_tokenizer):
     torch.manual_seed(0)
     config = preset_config("tiny", vocab_size=len(small_tokenizer), mask_token_id=small_tokenizer.mask_token_id)
     return SDARForCausalLM(config).eval()
+
+
+@pytest.fixture(params=[0, 1], ids=["in_place", "shifted"])
+def any_tiny_model(small_tokenizer, request):
+    """The tiny model under both prediction conventions: in place (SDAR) and shifted (converted AR models)."""
+    torch.manual_seed(0)
+    config = preset_config("tiny", vocab_size=len(small_tokenizer), mask_token_id=small_tokenizer.mask_token_id,
+                           prediction_shift=request.param)
+    return SDARForCausalLM(config).eval()

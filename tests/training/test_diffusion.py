@@ -1,15 +1,17 @@
 """The block-diffusion objective: the mask against its definition (NOTES §4), the noise and the scored positions,
-dense vs flex attention, and the exactness of leaving unscored noisy blocks out."""
+dense vs flex attention, the exactness of leaving unscored noisy blocks out, and the layout giving the decoder's
+logits for the same state (one partition, one prediction shift)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from training.diffusion import (IGNORE_INDEX, TokenizedSample, block_diffusion_loss, block_diffusion_mask_mod,
-                                block_mask_from_layout, build_attention_mask, dense_mask_from_mask_mod,
-                                interval_mask_mod, noise_sample, pack_block_diffusion, pack_segments, tile_structure,
-                                visible_key_intervals)
+from training.diffusion import (IGNORE_INDEX, NoisySegment, TokenizedSample, block_diffusion_loss,
+                                block_diffusion_mask_mod, block_mask_from_layout, build_attention_mask,
+                                dense_mask_from_mask_mod, interval_mask_mod, noise_sample, pack_block_diffusion,
+                                pack_segments, tile_structure, visible_key_intervals)
+from training.generate import model_logits
 
 MASK_ID = 3
 
@@ -211,3 +213,53 @@ def test_flex_loss_with_the_layout_block_mask_equals_the_dense_loss(tiny_model, 
         dense = block_diffusion_loss(tiny_model, batch, build_attention_mask(batch, "dense"))
         flex = block_diffusion_loss(tiny_model, batch, build_attention_mask(batch, "flex", block_size=4))
     torch.testing.assert_close(dense, flex, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("prompt_length", range(4, 12))  # every residue mod 4, prompt block whole or not
+def test_the_training_layout_gives_the_decoders_logits_for_every_state_of_every_block(any_tiny_model,
+                                                                                      prompt_length):
+    """SFT and decoding share one partition and one prediction shift: for each block of an answer, with some of
+    its tokens masked, the logits the loss reads at the masked positions (noisy copy + clean copy, packed) equal the
+    logits the decoder reads for that state (the clean prefix, then the block as it is)."""
+    model, block = any_tiny_model, 4
+    shift = model.config.prediction_shift
+    ids = torch.randint(4, 300, (prompt_length + 10,), generator=torch.Generator().manual_seed(prompt_length))
+    sample = TokenizedSample(ids, torch.arange(ids.numel()) >= prompt_length)
+    for k in range(prompt_length // block, (ids.numel() - 1) // block + 1):
+        positions = torch.arange(k * block, min((k + 1) * block, ids.numel()))
+        masked = torch.zeros(ids.numel(), dtype=torch.bool)
+        masked[positions] = sample.answer_mask[positions] & (torch.arange(positions.numel()) % 2 == k % 2)
+        masked[positions[-1]] = True  # at least one masked token a block
+        segment = NoisySegment(sample, 0.5, masked, positions)
+        batch = pack_segments([segment], MASK_ID, block, 2 * ids.numel(), shift=shift)[0]
+        with torch.no_grad():
+            hidden = model.model(batch.input_ids, batch.position_ids, build_attention_mask(batch)).last_hidden_state
+            trained = model.lm_head(hidden.reshape(-1, hidden.shape[-1])[batch.predictor_index])
+            state = torch.where(masked, MASK_ID, ids)[: int(positions[-1]) + 1]
+            decoded = model_logits(model, state[None], 0, state.numel(), block, None)[0]
+        assert torch.equal(batch.targets.flatten()[batch.scored_index], ids[masked])
+        torch.testing.assert_close(trained, decoded[torch.nonzero(masked).flatten() - shift], rtol=1e-5, atol=1e-5)
+
+
+def test_a_shifted_loss_predicts_each_token_from_the_position_before_it():
+    sample = samples([(23, 6)])[0]
+    segment = noise_sample(sample, 4, torch.Generator().manual_seed(0), drop_unscored_blocks=False)
+    batch = pack_segments([segment], MASK_ID, 4, 64, shift=1)[0]
+    positions, noisy = batch.position_ids.flatten(), batch.is_noisy.flatten()
+    targets, sources = positions[batch.scored_index], positions[batch.predictor_index]
+    assert torch.equal(sources, targets - 1)
+    # Inside its block a token is predicted from the noisy copy; a block's first token from the clean copy's
+    # previous block (final by then, as in decoding).
+    assert torch.equal(noisy[batch.predictor_index], targets % 4 != 0)
+    assert (targets % 4 == 0).any() and (targets % 4 != 0).any()
+    unshifted = pack_segments([segment], MASK_ID, 4, 64)[0]
+    assert torch.equal(unshifted.predictor_index, unshifted.scored_index)
+
+
+def test_a_shifted_model_never_masks_the_first_token_and_refuses_a_batch_packed_for_the_other_shift(tiny_model):
+    windows = samples([(12, 0)] * 40)
+    for seed in range(40):
+        assert not noise_sample(windows[seed], 4, torch.Generator().manual_seed(seed), shift=1).masked[0]
+    batch = pack_block_diffusion(windows[:2], MASK_ID, 4, 64, torch.Generator().manual_seed(0), shift=1)
+    with pytest.raises(ValueError, match="prediction_shift"):
+        block_diffusion_loss(tiny_model, batch)  # the tiny model predicts in place

@@ -89,31 +89,38 @@ def test_mask_token_is_added_and_embeddings_grow_when_the_tokenizer_lacks_one():
 def test_kv_cached_forwards_give_the_uncached_logits(tiny_model):
     block = tiny_model.config.block_size
     ids = torch.randint(4, tiny_model.config.vocab_size, (2, 5 * block))
-    key_valid = torch.ones_like(ids, dtype=torch.bool)
-    key_valid[1, :3] = False  # a left-padded row
-    reference = model_logits(tiny_model, ids, key_valid, 0, ids.shape[1], block, cache=None)
+    reference = model_logits(tiny_model, ids, 0, ids.shape[1], block, cache=None)
 
     from training.modeling_sdar import KVCache
 
     cache = KVCache(tiny_model.config, 2, ids.shape[1], "cpu", torch.float32)
     with torch.no_grad():
-        pieces = [model_logits(tiny_model, ids, key_valid, 0, 2 * block, block, cache)]
+        pieces = [model_logits(tiny_model, ids, 0, 2 * block, block, cache)]
         for start in range(2 * block, ids.shape[1], block):
-            pieces.append(model_logits(tiny_model, ids, key_valid, start, start + block, block, cache))
+            pieces.append(model_logits(tiny_model, ids, start, start + block, block, cache))
     torch.testing.assert_close(torch.cat(pieces, dim=1), reference.detach(), rtol=1e-5, atol=1e-5)
 
 
-def test_static_decoding_forwards_over_the_whole_cache_give_the_uncached_logits(tiny_model):
+def test_static_decoding_forwards_at_each_rows_own_positions_give_the_uncached_logits(tiny_model):
+    """Rows of a decoding batch sit at different blocks: each forward writes and reads every row at its own
+    positions, against the whole preallocated cache."""
     from training.generate import StaticDecodingForward
 
     block = tiny_model.config.block_size
-    ids = torch.randint(4, tiny_model.config.vocab_size, (2, 6 * block))
-    key_valid = torch.ones_like(ids, dtype=torch.bool)
-    key_valid[1, :3] = False
-    reference = model_logits(tiny_model, ids, key_valid, 0, ids.shape[1], block, cache=None)
-    forward = StaticDecodingForward(tiny_model, key_valid, block, width=2 * block, head=lambda logits, ids, _: logits)
+    total = 7 * block
+    ids = torch.randint(4, tiny_model.config.vocab_size, (2, total))
+    reference = model_logits(tiny_model, ids, 0, total, block, cache=None)
+    forward = StaticDecodingForward(tiny_model, 2, total, block, 2 * block, head=lambda logits, ids, _: logits)
+    no_arg = torch.zeros(2, dtype=torch.long)
     with torch.no_grad():
-        pieces = [forward.prefill(ids[:, :2 * block], 0)]
-        for start in range(2 * block, ids.shape[1], 2 * block):  # fixed width: every call has the same shapes
-            pieces.append(forward(ids[:, start:start + 2 * block], start))
-    torch.testing.assert_close(torch.cat(pieces, dim=1), reference.detach(), rtol=1e-5, atol=1e-5)
+        # the prefill projects only the positions asked for, a row's own
+        picked = forward.prefill(ids[:, :block], 0, logits_at=torch.tensor([[block - 1], [1]]))
+        torch.testing.assert_close(picked, torch.stack((reference[0, [block - 1]], reference[1, [1]])).detach(),
+                                   rtol=1e-5, atol=1e-5)
+        # row 0 walks blocks 1, 2, ...; row 1 is a block behind and starts by writing block 0 again
+        for index in range(5):
+            starts = torch.tensor([(index + 1) * block, index * block])
+            positions = starts[:, None] + torch.arange(2 * block)  # [that block, the next]
+            logits = forward(ids.gather(1, positions), positions, no_arg)
+            expected = reference.gather(1, positions[..., None].expand(-1, -1, reference.shape[-1]))
+            torch.testing.assert_close(logits, expected.detach(), rtol=1e-5, atol=1e-5)

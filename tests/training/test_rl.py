@@ -16,13 +16,14 @@ from dice_pipeline.verify import Status, Verdict, VerifyConfig
 from tests.dice_pipeline.verify.verify_cases import HONEST, REFERENCE, STATIC_CASES
 from tests.training.conftest import CODE_SNIPPETS
 from training import SDARForCausalLM, preset_config
+from training.diffusion import TokenizedSample, noise_sample, pack_segments
 from training.generate import block_diffusion_generate, model_logits
 from training.rewards import (INFRASTRUCTURE_ERROR, RewardOutcome, RewardRequest, StaticCheckReward,
                               VerifierReward, candidate_source)
-from training.rl import (RLConfig, RLTask, Rollout, group_advantages, order_easy_to_hard, ppo_update, schedule,
-                         score_completions, task_order_fingerprint, tasks_for_step, trace_log_probs,
-                         trace_rl_token_loss, train_rl)
+from training.rl import RLConfig, group_advantages, ppo_update, score_completions, trace_rl_token_loss, train_rl
+from training.tasks import RLTask, order_easy_to_hard, schedule, task_order_fingerprint, tasks_for_step
 from training.tokenizer import train_bpe_tokenizer
+from training.trace import rollouts_from_generation, trace_batches, trace_log_probs
 
 # --------------------------------------------------------------------------------------------------- advantages
 
@@ -58,31 +59,24 @@ def test_trace_rl_token_loss_matches_the_hand_computed_clipped_objective_and_k3(
     assert torch.allclose(loss, -surrogate + 0.1 * expected_k3, atol=1e-6)
     assert clipped.tolist() == [True, True, False, False]
     # d(-r A)/d logp = -r A where min() picks the unclipped term; 0 where the clipped (constant) term wins.
-    new = new.clone().requires_grad_(True)
-    trace_rl_token_loss(new, old, advantages, clip=0.2, kl_coef=0.0)[0].sum().backward()
-    assert torch.allclose(new.grad, torch.tensor([0.0, 0.0, 1.0, -2.2]), atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------- trace replay
 
 
 def _rollouts_from_generation(result, prompts, block_size):
-    rollouts = []
-    for row, prompt in enumerate(prompts):
-        length = int(result.lengths[row])
-        blocks = -(-length // block_size) * block_size
-        rollouts.append(Rollout(0, row, list(prompt), result.block_tokens[row, :blocks],
-                                result.block_unmask_steps[row, :blocks], length))
-    return rollouts
+    return rollouts_from_generation(result, prompts, block_size, [(0, row) for row in range(len(prompts))])
 
 
-PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], list(range(20, 33))]
+PROMPTS = [[5, 6, 7, 8, 9, 10, 11], [12, 13], list(range(20, 33)), [40, 41, 42, 43]]  # lengths 3, 2, 1, 0 mod 4
 
 
 @pytest.mark.parametrize("strategy,steps,threshold", [("static", 4, 0.9), ("dynamic", 4, 0.004),
                                                       ("static", 2, 0.9), ("dynamic", 3, 0.004)])
-def test_trace_replay_gives_the_samplers_own_log_probs(tiny_model, monkeypatch, strategy, steps, threshold):
-    """Record the distribution the sampler drew each committed token from; the replay must give the same log-prob."""
+def test_trace_replay_gives_the_samplers_own_log_probs(any_tiny_model, monkeypatch, strategy, steps, threshold):
+    """Record the distribution the sampler drew each committed token from; the replay must give the same log-prob,
+    for prompts of every length modulo the block size, decoded together, under both prediction shifts."""
+    model = any_tiny_model
     recorded = []
     real_sample_tokens = generate_module.sample_tokens
 
@@ -93,56 +87,78 @@ def test_trace_replay_gives_the_samplers_own_log_probs(tiny_model, monkeypatch, 
     monkeypatch.setattr(generate_module, "sample_tokens", recording_sample_tokens)
     config = RLConfig(block_size=4, denoising_steps=steps, temperature=1.0, micro_batch_size=2)
     generator = torch.Generator().manual_seed(3)
-    result = block_diffusion_generate(tiny_model, PROMPTS, 10, steps=steps, strategy=strategy, threshold=threshold,
+    result = block_diffusion_generate(model, PROMPTS, 10, steps=steps, strategy=strategy,
+                                      confidence_threshold=threshold,
                                       temperature=1.0, generator=generator)
     # An EOS in the middle of a block: the tokens after it stay in that block's states, out of the response.
     eos = int(result.tokens[1, 5])
     recorded.clear()
-    result = block_diffusion_generate(tiny_model, PROMPTS, 10, steps=steps, strategy=strategy, threshold=threshold,
+    result = block_diffusion_generate(model, PROMPTS, 10, steps=steps, strategy=strategy,
+                                      confidence_threshold=threshold,
                                       temperature=1.0, eos_token_id=eos, generator=torch.Generator().manual_seed(3))
     assert int(result.lengths[1]) <= 6
     rollouts = _rollouts_from_generation(result, PROMPTS, 4)
-    replayed = trace_log_probs(tiny_model, rollouts, config)
+    replayed = trace_log_probs(model, rollouts, config)
 
     first_forward = int(result.block_unmask_steps[result.block_unmask_steps >= 0].min())
     expected = []
     for row, rollout in enumerate(rollouts):
         for j in range(rollout.length):
             forward = int(rollout.block_steps[j])
-            expected.append(recorded[forward - first_forward][row, j % 4, int(rollout.block_tokens[j])])
+            offset = (len(rollout.prompt_ids) + j) % 4  # the token's place in its block: SDAR's partition
+            expected.append(recorded[forward - first_forward][row, offset, int(rollout.block_tokens[j])])
     assert replayed.shape == (sum(r.length for r in rollouts),)
     assert torch.allclose(replayed, torch.stack(expected), atol=1e-4)
 
 
-def test_trace_replay_equals_recomputing_each_denoising_step_with_model_logits(tiny_model):
+def test_trace_replay_equals_recomputing_each_denoising_step_with_model_logits(any_tiny_model):
+    model = any_tiny_model
+    shift = model.config.prediction_shift
     config = RLConfig(block_size=4, denoising_steps=4, temperature=0.7, micro_batch_size=3)
-    result = block_diffusion_generate(tiny_model, PROMPTS, 9, steps=4, strategy="dynamic", threshold=0.004,
+    result = block_diffusion_generate(model, PROMPTS, 9, steps=4, strategy="dynamic", confidence_threshold=0.004,
                                       temperature=0.7, generator=torch.Generator().manual_seed(1))
     rollouts = _rollouts_from_generation(result, PROMPTS, 4)
-    replayed = trace_log_probs(tiny_model, rollouts, config)
+    replayed = trace_log_probs(model, rollouts, config)
 
-    mask = tiny_model.config.mask_token_id
+    mask = model.config.mask_token_id
     expected = []
     for rollout in rollouts:
-        prompt = torch.tensor(rollout.prompt_ids)
-        pad = (-prompt.numel()) % 4
-        for block in range(-(-rollout.length // 4)):
-            tokens = rollout.block_tokens[block * 4:(block + 1) * 4]
-            forwards = rollout.block_steps[block * 4:(block + 1) * 4]
+        length = len(rollout.prompt_ids)
+        sequence = torch.cat((torch.tensor(rollout.prompt_ids), rollout.block_tokens))
+        steps = torch.cat((torch.full((length,), -1), rollout.block_steps))
+        for block in range(length // 4, (length + rollout.length - 1) // 4 + 1):
+            span = slice(block * 4, block * 4 + 4)
+            tokens, forwards = sequence[span], steps[span]
+            given = torch.arange(block * 4, block * 4 + 4) < length
             state_log_probs = {}
-            for forward in sorted(set(forwards.tolist())):  # one uncached forward per denoising step
-                state = torch.where(forwards < forward, tokens, mask)
-                ids = torch.cat((torch.zeros(pad, dtype=torch.long), prompt, rollout.block_tokens[:block * 4], state))
-                key_valid = torch.arange(ids.numel()) >= pad
+            for forward in sorted(set(forwards[~given].tolist())):  # one uncached forward per denoising step
+                state = torch.where(given | (forwards < forward), tokens, mask)
+                ids = torch.cat((sequence[:block * 4], state))
+                predicting = (torch.arange(block * 4, block * 4 + 4) - shift).clamp(min=0)  # 0 is always given
                 with torch.no_grad():
-                    logits = model_logits(tiny_model, ids[None], key_valid[None], ids.numel() - 4, ids.numel(), 4,
-                                          None)[0].float()
+                    logits = model_logits(model, ids[None], 0, ids.numel(), 4, None)[0, predicting].float()
                 logits[:, mask] = float("-inf")
                 state_log_probs[forward] = torch.log_softmax(logits / 0.7, dim=-1)
             for j in range(4):
-                if block * 4 + j < rollout.length:
+                if length <= block * 4 + j < length + rollout.length:
                     expected.append(state_log_probs[int(forwards[j])][j, int(tokens[j])])
     assert torch.allclose(replayed, torch.stack(expected), atol=1e-4)
+
+
+def test_the_replay_uses_the_training_partition_for_prompts_of_every_length(tiny_model):
+    prompts = [list(range(50, 50 + length)) for length in range(4, 12)]
+    result = block_diffusion_generate(tiny_model, prompts, 7, strategy="static", steps=1)
+    rollouts = _rollouts_from_generation(result, prompts, 4)
+    (trace,) = list(trace_batches(rollouts, 4, 1, tiny_model.config.mask_token_id))
+    for row, rollout in enumerate(rollouts):
+        ids = torch.cat((torch.tensor(rollout.prompt_ids), rollout.block_tokens))
+        sample = TokenizedSample(ids, torch.arange(ids.numel()) >= len(rollout.prompt_ids))
+        segment = noise_sample(sample, 4, torch.Generator().manual_seed(0), drop_unscored_blocks=False)
+        training = pack_segments([segment], 3, 4, 2 * ids.numel())[0]
+        noisy = trace.batch.is_noisy[row] & (trace.batch.segment_ids[row] >= 0)
+        positions = trace.batch.position_ids[row, noisy]
+        assert torch.equal(trace.batch.block_ids[row, noisy], training.block_ids[0, positions])
+        assert int(positions.min()) == len(rollout.prompt_ids) // 4 * 4  # the block holding the prompt's end
 
 
 # ---------------------------------------------------------------------------------------------------- schedule
@@ -191,7 +207,8 @@ def _fresh_model(tokenizer, seed=0):
 
 def _small_config(**overrides):
     values = dict(steps=2, tasks_per_step=2, samples_per_task=4, max_new_tokens=8, learning_rate=1e-3,
-                  checkpoint_every=1, micro_batch_size=3, minibatches=2, ppo_epochs=2, threshold=0.004, seed=5)
+                  checkpoint_every=1, micro_batch_size=3, minibatches=2, ppo_epochs=2,
+                  confidence_threshold=0.004, seed=5)
     values.update(overrides)
     return RLConfig(**values)
 
@@ -242,9 +259,9 @@ def test_a_killed_run_resumes_with_the_same_tasks_and_metrics_as_an_uninterrupte
 
 def test_first_update_loss_is_minus_the_token_mean_advantage(tiny_model):
     """With one pass and one minibatch the ratio is 1 and k3 is 0: loss = -sum(A x tokens) / tokens."""
-    result = block_diffusion_generate(tiny_model, PROMPTS, 10, temperature=1.0,
+    result = block_diffusion_generate(tiny_model, PROMPTS[:3], 10, temperature=1.0,
                                       generator=torch.Generator().manual_seed(2))
-    rollouts = _rollouts_from_generation(result, PROMPTS, 4)
+    rollouts = _rollouts_from_generation(result, PROMPTS[:3], 4)
     rollouts[1].length = 5  # responses of different lengths weigh by their tokens
     advantages = [1.0, -1.0, 0.5]
     config = RLConfig(ppo_epochs=1, minibatches=1, micro_batch_size=2, learning_rate=1e-3)
@@ -421,7 +438,7 @@ def _two_rank_worker(rank: int, workdir: str) -> None:
 
 
 def _fixed_rollouts(model):
-    prompts = PROMPTS + [[40, 41, 42, 43, 44]]
+    prompts = PROMPTS[:3] + [[40, 41, 42, 43, 44]]
     result = block_diffusion_generate(model, prompts, 10, temperature=1.0, generator=torch.Generator().manual_seed(4))
     rollouts = _rollouts_from_generation(result, prompts, 4)
     rollouts[1].length, rollouts[2].length = 5, 7
@@ -461,7 +478,8 @@ def test_two_gloo_ranks_train_like_one_process(small_tokenizer, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["dense", "flex"])
 def test_trace_replay_on_the_gpu_gives_the_cpu_log_probs(tiny_model, backend):
-    result = block_diffusion_generate(tiny_model, PROMPTS, 9, strategy="dynamic", threshold=0.004, temperature=1.0,
+    result = block_diffusion_generate(tiny_model, PROMPTS, 9, strategy="dynamic",
+                                      confidence_threshold=0.004, temperature=1.0,
                                       generator=torch.Generator().manual_seed(1))
     rollouts = _rollouts_from_generation(result, PROMPTS, 4)
     on_cpu = trace_log_probs(tiny_model, rollouts, RLConfig(micro_batch_size=2))

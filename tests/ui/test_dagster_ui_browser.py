@@ -4,6 +4,8 @@ Starts `dagster dev` on a free port in a scratch DAGSTER_HOME and warehouse, the
 graph on the embedded default (threshold partition 2.0), adds the threshold 1.5 from the launch dialog and
 materializes the filter for it, opens the lineage graph, and reads the pages: descriptions, row counts, the speedup
 histogram, the rejection counts and the asset checks. Afterwards both thresholds' tables sit side by side in DuckDB.
+A second flow checks that mistakes and kills leave the UI truthful (issue #36): an unreadable source starts no run,
+a SIGKILLed run is ended (canceled), and threshold partitions added as `2.00` or `abc` do not stay listed.
 
 Screenshots go to tmp_path, and also to DICE_UI_SCREENSHOT_DIR when set (that is how benchmarks/results/ui_*.png are
 made: `DICE_UI_SCREENSHOT_DIR=benchmarks/results pytest -m browser`). Install: see README ("Testing the UI").
@@ -11,6 +13,7 @@ made: `DICE_UI_SCREENSHOT_DIR=benchmarks/results pytest -m browser`). Install: s
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -235,11 +238,15 @@ def _read_the_pages(page, base_url: str, wh, tmp_path: Path) -> None:
     page.keyboard.press("Escape")
     for group in ("ingest", "verify", "filter", "synthesis", "cuke", "rl_data"):
         expect(page.get_by_text(group, exact=True).first).to_be_visible()
-    for name in ("concur_pairs", "concur_rejects", "verified_pairs"):  # long names are shortened in the nodes
-        expect(page.get_by_text(name, exact=True).first).to_be_visible()
     page.get_by_role("button", name=re.compile("Hide navigation")).click()  # more room for the graph
     page.wait_for_timeout(1500)  # let the graph layout settle before the picture
     _screenshot(page, tmp_path, "ui_lineage.png")
+    # A group's own graph fits the window whole (the global one grows past it as assets are added); long names are
+    # shortened in the nodes.
+    for group, names in (("ingest", ("concur_pairs", "concur_rejects")), ("verify", ("verified_pairs",))):
+        _open(page, base_url + f"/locations/__repository__@dice_pipeline/asset-groups/{group}")
+        for name in names:
+            expect(page.get_by_text(name, exact=True).first).to_be_visible()
 
     # The filter's page: what it is and where it came from, its row count, its histogram, its checks.
     _open(page, base_url + "/assets/speedup_filtered_pairs")
@@ -305,3 +312,109 @@ def _read_the_pages(page, base_url: str, wh, tmp_path: Path) -> None:
     kept_at_1_5 = set(wh.query("SELECT uuid FROM filter.speedup_filtered_pairs WHERE threshold_key = '1.5'")
                       .to_series().to_list())
     assert kept_at_2 <= kept_at_1_5
+
+
+def _dice(env: dict, *args: str, **popen) -> subprocess.CompletedProcess | subprocess.Popen:
+    """`dice ARGS` against the UI's home and warehouse; with `popen` keywords, started and returned unfinished."""
+    command = [sys.executable, "-m", "dice_pipeline.cli", *args]
+    if popen:
+        return subprocess.Popen(command, cwd=ROOT, env=env, text=True, **popen)
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+
+
+def _wait_for(condition, what: str, timeout_s: float = 120.0, every_s: float = 1.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(every_s)
+    pytest.fail(f"{what} did not happen in {timeout_s:.0f}s")
+
+
+def test_mistakes_and_kills_leave_the_ui_truthful(dagster_dev, page, tmp_path, pair_factory):
+    """Issue #36, items 1-3, as the UI shows them: an unreadable source fails before any run (no red run or
+    partition for intact data); a run killed with SIGKILL is ended (canceled), not "Started" forever; a threshold
+    partition added as `2.00` or `abc` does not stay listed."""
+    import dagster as dg
+    from playwright.sync_api import expect
+
+    from assets import keys
+
+    base_url, instance, env = dagster_dev
+    threshold = keys.THRESHOLD_PARTITIONS.name
+    built = _dice(env, "run")  # the embedded source at 2.0: intact data to keep intact
+    assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    (good_run,) = instance.get_runs()
+
+    # 1. A source that exists but cannot be read: one line, exit 2, and no Dagster run at all.
+    (tmp_path / "bad.parquet").write_bytes(b"not parquet at all\n")
+    bad = _dice(env, "run", "--source", str(tmp_path / "bad.parquet"))
+    assert bad.returncode == 2 and bad.stderr.startswith("dice run: source error: parquet source")
+    assert [r.run_id for r in instance.get_runs()] == [good_run.run_id]
+    _open(page, base_url + "/runs")
+    expect(page.get_by_text(good_run.run_id[:8]).first).to_be_visible()
+    expect(page.get_by_text("Failure", exact=True)).to_have_count(0)
+    # partition 2.0 is materialized, not failed: what the asset's partitions view is drawn from
+    assert _partition_stats(base_url, "speedup_filtered_pairs") == {"numMaterialized": 1, "numFailed": 0,
+                                                                     "numMaterializing": 0, "numPartitions": 1}
+
+    # 2. A run killed with SIGKILL mid-ingestion: the code location's sensor sees its process is gone.
+    big = tmp_path / "big.jsonl"
+    big.write_text("".join(json.dumps(pair_factory(i)) + "\n" for i in range(30000)))
+    killed = _dice(env, "run", "--source", str(big), "--allow-source-change", "--verbose",
+                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        for line in killed.stderr:
+            if "ingesting ConCuR pairs from" in line:
+                break
+        assert killed.poll() is None, "the run ended before it could be killed"
+        os.kill(killed.pid, signal.SIGKILL)
+        killed.wait(timeout=60)
+    finally:
+        if killed.poll() is None:
+            killed.kill()
+    (orphan,) = [r for r in instance.get_runs() if r.run_id != good_run.run_id]
+    _wait_for(lambda: instance.get_run_by_id(orphan.run_id).status == dg.DagsterRunStatus.CANCELED,
+              "the killed run ended by the orphaned_runs sensor", timeout_s=180)
+    _open(page, base_url + f"/runs/{orphan.run_id}")
+    expect(page.get_by_text("Canceled", exact=True).first).to_be_visible()
+    expect(page.get_by_text("Started", exact=True)).to_have_count(0)
+    expect(page.get_by_text(re.compile(r"the process running it \(pid \d+\) is gone")).first).to_be_visible()
+    # and the filter's partition 2.0 keeps its materialization: the killed run wrote nothing
+    assert _partition_stats(base_url, "speedup_filtered_pairs") == {"numMaterialized": 1, "numFailed": 0,
+                                                                     "numMaterializing": 0, "numPartitions": 1}
+
+    # 3. Thresholds: the command line refuses a bad one in one line; in the UI, partitions added as `2.00` or
+    # `abc` are replaced by their canonical key or deleted by the threshold_partition_keys sensor.
+    for bad_threshold in ("-1", "0", "abc"):
+        refused = _dice(env, "run", "--threshold", bad_threshold)
+        assert refused.returncode == 2 and len(refused.stderr.splitlines()) == 1, refused.stderr
+        assert "Traceback" not in refused.stderr
+    _open(page, base_url + "/assets/speedup_filtered_pairs")
+    page.get_by_text(re.compile(r"^Materialize")).first.click()
+    page.get_by_role("dialog").filter(has_text="Additional assets will be materialized").get_by_role(
+        "button", name="Confirm").click()
+    launch = page.get_by_role("dialog").filter(has_text="Partition selection")
+    for key in ("2.00", "abc"):
+        launch.get_by_text("Add a partition").click()
+        page.get_by_placeholder("name").fill(key)
+        page.get_by_role("button", name="Save").click()
+    page.keyboard.press("Escape")  # close the launch dialog without launching
+    _wait_for(lambda: set(instance.get_dynamic_partitions(threshold)) == {"2.0"},
+              "the partitions 2.00 and abc taken out by the sensor", timeout_s=120)
+    _open(page, base_url + "/assets/speedup_filtered_pairs?view=partitions")
+    expect(page.get_by_text("2.0", exact=True).first).to_be_visible()
+    for key in ("2.00", "abc"):
+        expect(page.get_by_text(key, exact=True)).to_have_count(0)
+
+
+def _partition_stats(base_url: str, asset: str) -> dict:
+    """The partition counts the UI shows for an asset (materialized, failed, in progress), from its GraphQL API."""
+    query = ('{ assetNodeOrError(assetKey: {path: ["%s"]}) { ... on AssetNode { partitionStats { numMaterialized '
+             'numFailed numMaterializing numPartitions } } } }' % asset)
+    request = urllib.request.Request(base_url + "/graphql", data=json.dumps({"query": query}).encode(),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.loads(response.read())["data"]["assetNodeOrError"]["partitionStats"]
+

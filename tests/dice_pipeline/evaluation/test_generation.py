@@ -73,3 +73,12 @@ def test_endpoint_rows_extract_the_code_block():
     answers = EndpointGenerator(FakeEndpoint())(TASKS, seed=0)
     assert [a[0]["code"] for a in answers] == ["class ModelNew:\n    pass\n"] * 2
     assert answers[0][0]["backend"] == "openai_compatible"
+
+
+def test_the_confidence_threshold_rename_keeps_an_evaluations_state_directory():
+    from dice_pipeline.evaluation.runner import state_key, state_key_settings
+
+    # The key an evaluation with the default settings had before `threshold` became `confidence_threshold`.
+    identity = {"name": "sft", "path": "/ckpt/sft", "settings": state_key_settings(EvalGenerationSettings())}
+    assert state_key("sft", identity) == "sft-f237c580511d"
+    assert EvalGenerationSettings().confidence_threshold == 0.9 and "threshold" not in EvalGenerationSettings().to_dict()

@@ -74,11 +74,11 @@ def test_verdicts_decide_kept_and_every_other_row_has_a_reason():
     assert by_code == [
         ("fast", True, None),
         ("slow", False, "below_threshold"),
-        ("wrong", False, "incorrect"),
+        ("wrong", False, "failed_verification"),
         (None, False, "no_code_block"),
         ("fast", False, "duplicate_candidate"),
         ("tiny", False, "overhead_dominated"),
-        ("untimed", False, "no_speedup_measured"),
+        ("untimed", False, "no_speedup"),
     ]
     [failed] = [r for r in rows if r["task_id"] == ROPE.task_id]
     assert failed["reject_reason"] == "generation_failed" and "no template for rope" in failed["reject_message"]

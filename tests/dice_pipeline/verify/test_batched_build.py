@@ -88,6 +88,15 @@ def test_own_bindings_or_a_library_without_python_module_are_not_grouped():
 
 
 # --- planning groups -----------------------------------------------------------------------------------------------
+def test_identical_extensions_are_planned_once_and_shared_by_their_candidates():
+    same = [candidate(forward=f"return relu2_ext.relu2(x) * {n}") for n in range(5)]
+    other = candidate(cuda_source=HONEST_KERNEL.replace("256", "128"))
+    [group] = plan_build_groups(list(enumerate([*same, other])), size=8)
+    assert group.indices == [0, 1, 2, 3, 4, 5]
+    assert len(group.extensions) == 2  # one build for the five identical extensions, one for the other
+    assert {group.members[i][0] for i in range(5)} == {0} and group.members[5] == [1]
+
+
 def test_groups_hold_same_flag_same_include_extensions_up_to_the_size():
     twins = [candidate(cuda_source=HONEST_KERNEL.replace("256", str(n))) for n in (128, 256, 512)]
     other_flags = candidate(scale="3.0f")
@@ -96,8 +105,9 @@ def test_groups_hold_same_flag_same_include_extensions_up_to_the_size():
     sources = [*twins, other_flags, other_includes, unreadable, candidate(scale="3.0f", forward="return x")]
     groups = plan_build_groups(list(enumerate(sources)), size=2)
     assert sorted(g.indices for g in groups) == [[0, 1], [3, 6]]  # index 2 would be a group of one: alone
-    assert [g.members for g in sorted(groups, key=lambda g: g.indices)] == [{0: [0], 1: [1]}, {3: [0], 6: [1]}]
-    assert all(len(g.extensions) == len(g.indices) for g in groups)
+    # 3 and 6 differ only in Python: their extension is the same bytes, built once and shared by both.
+    assert [g.members for g in sorted(groups, key=lambda g: g.indices)] == [{0: [0], 1: [1]}, {3: [0], 6: [0]}]
+    assert [len(g.extensions) for g in sorted(groups, key=lambda g: g.indices)] == [2, 1]
     assert plan_build_groups(list(enumerate(sources)), size=1) == []
     assert group_signature(read_inline_extensions(twins[0])[0]) != group_signature(
         read_inline_extensions(other_includes)[0])
@@ -168,151 +178,6 @@ def test_verify_batch_builds_candidates_in_groups_with_nvcc(tmp_path):
         assert not verdict.build_cache_hit and verdict.compile_seconds == pytest.approx(
             group["attempts"][0]["seconds"] / 2, abs=1e-3)
     assert [v.provenance["build_group"]["members"] for v in verdicts] == [[0], [1]]
-
-
-def test_group_builds_compile_in_waves_of_the_configured_slots(monkeypatch, tmp_path):
-    import threading
-    import time
-
-    from dice_pipeline.verify import api
-
-    running, peak, lock = 0, 0, threading.Lock()
-
-    def group_build(self, group):
-        nonlocal running, peak
-        with lock:
-            running += 1
-            peak = max(peak, running)
-        time.sleep(0.1)
-        with lock:
-            running -= 1
-        return {"candidates": len(group.indices), "grouped": [], "attempts": []}
-
-    monkeypatch.setattr(api._BatchRun, "build_group", group_build)
-    monkeypatch.setattr(api._BatchRun, "build", lambda self, job, static: (None, {}))
-    jobs = [VerifyJob(f"c{n}", REFERENCE, candidate(cuda_source=HONEST_KERNEL.replace("256", str(n))))
-            for n in (32, 64, 96, 128, 160, 192, 224, 256)]
-    config = VerifyConfig(build_cache_dir=str(tmp_path / "cache"), execute=False, verdict_store_dir=None,
-                          use_precompiled_header=False, max_parallel_builds=8, build_batch_size=2,
-                          parallel_group_builds=2)
-    verdicts = verify_batch(jobs, config)
-    assert [v.status for v in verdicts] == [Status.NOT_EXECUTED] * 8
-    assert {v.provenance["build_group"]["candidates"] for v in verdicts} == {2}  # 4 groups of 2
-    assert peak == 2  # never more than the slots at once, and the slots were used
-
-
-def test_group_build_slots_default_to_the_build_cores_over_the_compile_jobs(monkeypatch):
-    from dice_pipeline.verify import api
-
-    run = api._BatchRun(VerifyConfig(execute=False, verdict_store_dir=None), None)
-    run.build_cpus = set(range(12))
-    assert run.group_build_slots() == 12 // api.BUILD_JOBS
-    run.build_cpus = {0}
-    assert run.group_build_slots() == 1
-    run.config = VerifyConfig(execute=False, verdict_store_dir=None, parallel_group_builds=3)
-    assert run.group_build_slots() == 3
-    with pytest.raises(ValueError, match="parallel_group_builds"):
-        VerifyConfig(parallel_group_builds=-1)
-
-
-# --- members built in their group go straight to their run stage (VerifyConfig.skip_grouped_member_builds) ---------
-def _fake_gpu_batch(monkeypatch, tmp_path, *, skip: bool, grouped_positions=None):
-    """verify_batch on a fake GPU: group builds and judgements faked, the build stages that ran recorded."""
-    from dice_pipeline.verify import api
-    from dice_pipeline.verify.verdict import Verdict
-
-    monkeypatch.setattr(api, "gpu_inventory", lambda: [api.GpuInfo(0, "Fake GPU", "1", "9.0")])
-    built_alone: list[str] = []
-    judged: dict[str, dict] = {}
-
-    def group_build(self, group):
-        grouped = list(range(len(group.extensions))) if grouped_positions is None else grouped_positions
-        return {"candidates": len(group.indices), "grouped": grouped,
-                "attempts": [{"seconds": 4.0, "variant": "light", "built": True}]}
-
-    def build(self, job, static):
-        built_alone.append(job.job_id)
-        return None, {"builds": [{"name": "x", "cache_hit": True}], "compile_seconds": 0.1, "build_cache_hit": True}
-
-    def judge(self, job, static, facts, device, gate=None, **options):
-        if gate is not None:
-            gate.set()
-        judged[job.job_id] = facts
-        return Verdict(status=Status.CORRECT, compile_seconds=facts.get("compile_seconds"),
-                       build_cache_hit=facts.get("build_cache_hit"), provenance={"gpu": "Fake GPU", **facts})
-
-    monkeypatch.setattr(api._BatchRun, "build_group", group_build)
-    monkeypatch.setattr(api._BatchRun, "build", build)
-    monkeypatch.setattr(api._BatchRun, "judge", judge)
-    jobs = [VerifyJob(f"c{n}", REFERENCE, candidate(cuda_source=HONEST_KERNEL.replace("256", str(n))))
-            for n in (32, 64, 96, 128)]
-    config = VerifyConfig(build_cache_dir=str(tmp_path / "cache"), verdict_store_dir=None,
-                          use_precompiled_header=False, build_batch_size=2, skip_grouped_member_builds=skip)
-    return verify_batch(jobs, config), built_alone, judged
-
-
-def test_members_built_in_their_group_skip_their_own_build_stage(monkeypatch, tmp_path):
-    verdicts, built_alone, judged = _fake_gpu_batch(monkeypatch, tmp_path, skip=True)
-    assert [v.status for v in verdicts] == [Status.CORRECT] * 4
-    assert built_alone == []  # no build worker of their own
-    for facts in judged.values():
-        assert facts["member_build_stage"] == "skipped" and facts["build_cache_hit"] is False
-        assert facts["compile_seconds"] == 2.0  # its share of its group's 4 s
-        assert facts["build_group"]["candidates"] == 2
-
-
-def test_members_left_out_of_their_group_or_with_the_setting_off_run_their_build_stage(monkeypatch, tmp_path):
-    _, built_alone, judged = _fake_gpu_batch(monkeypatch, tmp_path, skip=False)
-    assert sorted(built_alone) == ["c128", "c32", "c64", "c96"]
-    assert all("member_build_stage" not in f and f["compile_seconds"] == 2.0 for f in judged.values())
-    _, built_alone, judged = _fake_gpu_batch(monkeypatch, tmp_path, skip=True, grouped_positions=[0])
-    assert sorted(built_alone) == ["c128", "c64"]  # the second member of each group fell out of its build
-    assert {j for j, f in judged.items() if f.get("member_build_stage") == "skipped"} == {"c32", "c96"}
-
-
-def test_a_run_stage_that_meets_an_uncached_extension_sends_the_candidate_back_to_its_build_stage(monkeypatch):
-    import types
-
-    from dice_pipeline.verify import api
-    from dice_pipeline.verify.static_checks import StaticReport
-    from dice_pipeline.verify.verdict import Reason, Verdict
-
-    monkeypatch.setattr(api, "gpu_inventory", lambda: [api.GpuInfo(0, "Fake GPU", "1", "9.0")])
-    run = api._BatchRun(VerifyConfig(verdict_store_dir=None), None)
-    calls: list[dict] = []
-    payloads = [{"status": "needs_build", "missed_cache": ["second_ext"]},
-                {"status": "correct", "reasons": [], "flags": [], "speedup": 2.0, "provenance": {"gpu": "Fake GPU"}}]
-
-    def fake_worker(job, stage, static, device, gate=None, *, control=False, low_memory=False,
-                    gpu_exclusive=False, extra_request=None):
-        calls.append({"stage": stage, "extra_request": extra_request})
-        outcome = types.SimpleNamespace(wall_seconds=1.0, network_isolated=True, peak_rss_mb=1.0, timed_out=False,
-                                        memory_exceeded=False, limit_s=300.0, gpu_wait_s=None)
-        return outcome, dict(payloads[len(calls) - 1])
-
-    builds: list[str] = []
-    monkeypatch.setattr(run, "_run_worker", fake_worker)
-    monkeypatch.setattr(run, "build", lambda job, static: (builds.append(job.job_id), (None, {
-        "compile_seconds": 30.0, "build_cache_hit": False, "builds": [{"name": "second_ext"}]}))[1])
-    skipped = {"member_build_stage": "skipped", "compile_seconds": 2.0, "build_cache_hit": False}
-    verdict = run.judge(VerifyJob("j", "ref", "cand"), StaticReport(), skipped, device=0)
-    assert [c["extra_request"] for c in calls] == [{"builds_expected_cached": True}, None]
-    assert builds == ["j"] and verdict.status == Status.CORRECT
-    assert "second_ext" in verdict.provenance["member_build_stage"] and verdict.compile_seconds == 30.0
-    # its build stage fails: that verdict stands, and no second run
-    calls.clear()
-    payloads[:] = [{"status": "needs_build", "missed_cache": ["bad_ext"]}]
-    failed = Verdict(status=Status.COMPILE_ERROR, reasons=[Reason("build_failed", "nvcc: error", "compile")],
-                     provenance={})
-    monkeypatch.setattr(run, "build", lambda job, static: (failed, {}))
-    verdict = run.judge(VerifyJob("j", "ref", "cand"), StaticReport(), skipped, device=0)
-    assert len(calls) == 1 and verdict.status == Status.COMPILE_ERROR
-    assert "bad_ext" in verdict.provenance["member_build_stage"]
-    # a member that ran its own build stage runs without the cached-only request
-    calls.clear()
-    payloads[:] = [{"status": "incorrect", "reasons": [], "flags": []}]
-    run.judge(VerifyJob("j", "ref", "cand"), StaticReport(), {"compile_seconds": 1.0}, device=0)
-    assert calls == [{"stage": "run", "extra_request": None}]
 
 
 def test_an_interceptor_told_to_find_every_build_cached_refuses_to_build(tmp_path):

@@ -75,8 +75,9 @@ def test_ray_backend_gives_the_local_backends_verdicts(local_ray, config):
 def test_the_verifier_resource_selects_the_ray_backend(local_ray, tmp_path, attempt_dir):
     from dice_pipeline.resources import KernelVerifier
 
-    verifier = KernelVerifier(backend="ray", execute="never", compile_without_gpu=True,
-                              build_cache_dir=str(tmp_path / "builds"), verdict_store_dir=str(tmp_path / "store"))
+    verifier = KernelVerifier(backend="ray", execute="never", overrides={
+        "build_without_gpu": True, "build_cache_dir": str(tmp_path / "builds"),
+        "verdict_store_dir": str(tmp_path / "store")})
     job = ("resource_job", REFERENCE, _module_code_candidate("raise RuntimeError('through the resource')"))
     lines: list[str] = []
     [verdict] = verifier.verify([job], log=lines.append)
@@ -199,12 +200,12 @@ def test_a_killed_gpu_judge_actor_is_restarted_and_its_candidate_judged_once(tmp
 
 
 def test_a_job_lost_after_its_retries_is_an_infrastructure_verdict_not_a_candidate_failure(config):
-    from dice_pipeline.verify.api import _BatchRun
+    from dice_pipeline.verify.scheduler import BatchRun
     from dice_pipeline.verify.ray_backend import _lost_verdict
     from dice_pipeline.verify.static_checks import check_candidate_source
 
     static = check_candidate_source(REFERENCE, HONEST)
-    run = _BatchRun(config, None)
+    run = BatchRun(config, gpus=[])
     error = RuntimeError("worker died 4 times")
     if getattr(Status, "INFRASTRUCTURE_ERROR", None) is None:  # before verifier 0.3: no such status to give
         with pytest.raises(RuntimeError, match="failed after its retries"):

@@ -1,6 +1,6 @@
-"""CPU tests of the runtime guard (harness.RuntimeGuard) against candidates that change what they are compared with
+"""CPU tests of the runtime guard (judge.guard.RuntimeGuard) against candidates that change what they are compared with
 rather than compute it: PyTorch's operators given the candidate's kernels (the dispatcher check,
-harness.DispatcherSnapshot), op calls re-routed (modes, autocast), methods added to torch's classes or replaced in
+judge.guard.DispatcherSnapshot), op calls re-routed (modes, autocast), methods added to torch's classes or replaced in
 torch.nn's, nn.Module's global hooks, and the reference's own module and model. Changes made here are undone in
 each test (Library._destroy, delattr, hook handles); ones that cannot be undone run in a subprocess."""
 
@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from dice_pipeline.verify.config import VerifyConfig
-from dice_pipeline.verify.harness import CandidateJudge, DispatcherSnapshot, Rejection, RuntimeGuard
+from dice_pipeline.verify.judge import CandidateJudge, DispatcherSnapshot, Rejection, RuntimeGuard, compare_outputs
 from dice_pipeline.verify.verdict import Status
 
 CPU = torch.device("cpu")
@@ -98,7 +98,7 @@ def test_register_kernel_on_a_pytorch_operator_is_caught_and_pytorchs_own_lazy_r
         import warnings
         warnings.simplefilter("ignore")
         import torch
-        from dice_pipeline.verify.harness import DispatcherSnapshot
+        from dice_pipeline.verify.judge import DispatcherSnapshot
         snapshot = DispatcherSnapshot()
         import torch._dynamo  # noqa: F401 - registers kernels for c10d_functional, streams, onnx_symbolic ops
         import torch.distributed._functional_collectives  # noqa: F401
@@ -399,3 +399,80 @@ def test_a_reference_with_uninitialised_parameters_is_not_a_change():
     judge = CandidateJudge(reference, None, VerifyConfig(), guard, ["k"], device=CPU)
     judge.prepare_reference()
     guard.check("with a NaN parameter", thorough=True)
+
+
+def test_runtime_guard_catches_a_patched_harness_function():
+    import sys
+
+    from dice_pipeline.verify.judge import compare, flow, guard as guard_module
+
+    for module in (flow, compare):  # where the judge calls it, and where it is defined
+        guard = guard_module.RuntimeGuard()
+        original = module.compare_outputs
+        sys.modules[module.__name__].compare_outputs = lambda *a, **k: None
+        try:
+            with pytest.raises(Rejection) as caught:
+                guard.check("in the test")
+            assert caught.value.reason.code == "runtime_monkeypatch" and "compare_outputs" in str(caught.value)
+        finally:
+            module.compare_outputs = original
+    guard.check("after restoring")  # and an untouched state passes
+
+def test_the_output_checks_linear_algebra_is_guarded_and_taken_before_any_candidate():
+    from dice_pipeline.verify.judge import RuntimeGuard
+
+    guard = RuntimeGuard()
+    original = torch.linalg.vector_norm
+    torch.linalg.vector_norm = lambda *a, **k: torch.zeros(())  # would make every timed output "close"
+    try:
+        ref = torch.zeros(8)
+        assert not compare_outputs(ref, ref + 1.0, (1e-2,), stats=False).passes[1e-2]  # the harness's own copy
+        with pytest.raises(Rejection) as caught:
+            guard.check("in the test")
+        assert caught.value.reason.code == "runtime_monkeypatch" and "vector_norm" in str(caught.value)
+    finally:
+        torch.linalg.vector_norm = original
+    guard.check("after restoring")
+
+def test_runtime_guard_catches_a_patched_harness_method_and_builtin():
+    import builtins
+
+    from dice_pipeline.verify.judge import CandidateJudge, RuntimeGuard
+
+    for owner, name in ((CandidateJudge, "_timed_gpu"), (CandidateJudge, "run_correctness"), (builtins, "max")):
+        guard = RuntimeGuard()
+        original = getattr(owner, name)
+        setattr(owner, name, lambda *a, **k: None)
+        try:
+            with pytest.raises(Rejection):
+                guard.check("in the test")
+        finally:
+            setattr(owner, name, original)
+
+
+def test_the_guard_watches_every_module_of_the_judge():
+    from pathlib import Path
+
+    from dice_pipeline.verify import judge
+    from dice_pipeline.verify.judge.guard import JUDGE_MODULES
+
+    files = {path.stem for path in Path(judge.__file__).parent.glob("*.py") if path.stem != "__init__"}
+    assert set(JUDGE_MODULES) == files  # a new module of the judge must be watched too
+    guard = RuntimeGuard()
+    for name in JUDGE_MODULES:
+        module = sys.modules[f"dice_pipeline.verify.judge.{name}"]
+        own = [value for value in vars(module).values() if getattr(value, "__module__", None) == module.__name__]
+        # a function of the module, else a method of a class it defines
+        owner, function = next(((module, f.__name__) for f in own if callable(f) and not isinstance(f, type)), (None, None))
+        if owner is None:
+            owner = next(cls for cls in own if isinstance(cls, type))
+            function = next(key for key, value in vars(owner).items() if callable(value) and not key.startswith("__"))
+        original = vars(owner)[function]
+        setattr(owner, function, lambda *a, **k: None)
+        try:
+            with pytest.raises(Rejection) as caught:
+                guard.check("in the test")
+            assert caught.value.reason.code == "runtime_monkeypatch" and function in str(caught.value), name
+        finally:
+            setattr(owner, function, original)
+    guard.check("after restoring")

@@ -106,3 +106,63 @@ def test_a_stored_verdict_whose_recorded_kernels_were_compiler_generated_is_judg
     (verdict,) = verify_batch([JOB], config)
     assert verdict.status == Status.DECEPTIVE and verdict.reason_codes() == ["generated_kernels_ran"]
     assert "triton_poi_fused_mul_relu_0" in verdict.reasons[0].message
+
+
+def test_verdicts_round_trip_both_conventions():
+    verdict = Verdict(status=Status.CORRECT, speedup=2.5, speedup_gpu=2.5, speedup_host=1.4, speedup_convention="gpu",
+                      peak_gpu_memory_mb=12.0)
+    again = Verdict.from_json(verdict.to_json())
+    assert (again.speedup_gpu, again.speedup_host, again.speedup_convention) == (2.5, 1.4, "gpu")
+    old = Verdict.from_dict({"status": "correct", "speedup": 1.7, "reasons": []})  # a 0.2 verdict stays readable
+    assert old.speedup == 1.7 and old.speedup_gpu is None
+
+def test_older_verdicts_are_used_only_when_asked_for_and_say_so(tmp_path):
+    store, job, config = VerdictStore(tmp_path), VerifyJob("j", "ref", "cand"), VerifyConfig()
+    old = Verdict(status=Status.CORRECT, speedup=3.0, provenance={"gpu": "NVIDIA H200", "verifier_version": "0.2.0"})
+    path = tmp_path / verdict_key(job, config, "0.2.0")[:2] / f"{verdict_key(job, config, '0.2.0')}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(old.to_json())
+    assert store.get(job, config, "NVIDIA H200") is None
+    found = store.get(job, config, "NVIDIA H200", accept_versions=("0.2.0",))
+    assert found is not None and "older_verifier_version" in found.flags
+    assert found.provenance["judged_by_verifier"] == "0.2.0" and found.speedup_host == 3.0
+    assert found.speedup_convention == "host"
+    with pytest.raises(ValueError, match="cannot be read"):
+        store.get(job, config, None, accept_versions=("0.1.0",))
+
+
+def test_verifier_0_3_1_verdicts_are_read_only_on_request_and_their_keys_are_unchanged(tmp_path):
+    import hashlib
+    import json
+
+    from dice_pipeline.verify.store import _NOT_IN_KEY
+
+    store, job, config = VerdictStore(tmp_path), VerifyJob("j", "ref", "cand"), VerifyConfig()
+    # the key 0.3.1 computed: every judging field it knew, none of 0.4's (null_output_share)
+    known = {k: v for k, v in sorted(config.to_dict().items())
+             if k not in _NOT_IN_KEY and k != "null_output_share" and (v or k != "extra_baselines")}
+    expected = hashlib.sha256(json.dumps({"verifier_version": "0.3.1", "reference": "ref", "candidate": "cand",
+                                          "config": known}, sort_keys=True).encode()).hexdigest()
+    assert verdict_key(job, config, "0.3.1") == expected != verdict_key(job, config)
+    old = Verdict(status=Status.CORRECT, speedup=2.0, speedup_gpu=2.0, speedup_convention="gpu",
+                  flags=["degenerate_task"], provenance={"gpu": "NVIDIA H100 80GB HBM3"})
+    path = tmp_path / expected[:2] / f"{expected}.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(old.to_json())
+    assert store.get(job, config, "NVIDIA H100 80GB HBM3") is None  # never silently: it lacks 0.4's checks
+    found = store.get(job, config, "NVIDIA H100 80GB HBM3", accept_versions=("0.3.1",))
+    assert found.provenance["judged_by_verifier"] == "0.3.1" and "older_verifier_version" in found.flags
+
+
+def test_new_config_fields_do_not_enter_an_older_versions_key():
+    job = VerifyJob("j", "ref", "cand")
+    assert verdict_key(job, VerifyConfig(), "0.2.0") == verdict_key(
+        job, VerifyConfig(speedup_convention="host", baseline_kernel_policy="report"), "0.2.0")
+    assert verdict_key(job, VerifyConfig()) != verdict_key(job, VerifyConfig(speedup_convention="host"))
+    assert verdict_key(job, VerifyConfig()) == verdict_key(job, VerifyConfig(low_memory=True))
+
+def test_infrastructure_errors_are_not_stored(tmp_path):
+    store = VerdictStore(tmp_path)
+    verdict = Verdict(status=Status.INFRASTRUCTURE_ERROR, reasons=[Reason("harness_out_of_memory", "x")],
+                      provenance={"gpu": "NVIDIA H200"})
+    assert not store.put(VerifyJob("j", "r", "c"), VerifyConfig(), verdict)

@@ -109,11 +109,11 @@ def test_module_code_that_hangs_times_out(config):
 
 def _build_past_static_checks(config, candidate_src: str) -> Verdict:
     """The build stage for code the static checks would reject: the sandbox must hold on its own as well."""
-    from dice_pipeline.verify.api import _BatchRun
+    from dice_pipeline.verify.scheduler import BatchRun
     from dice_pipeline.verify.static_checks import check_candidate_source
 
     clean = check_candidate_source(REFERENCE, HONEST)  # a report with no findings
-    verdict, _ = _BatchRun(config, None).build(VerifyJob("j", REFERENCE, candidate_src), clean)
+    verdict, _ = BatchRun(config, gpus=[]).build(VerifyJob("j", REFERENCE, candidate_src), clean)
     assert verdict is not None
     return verdict
 
@@ -207,86 +207,6 @@ def test_gpu_inventory_parses_nvidia_smi_and_honours_visible_devices(tmp_path, m
     assert gpu_inventory() == []
 
 
-def test_prestarted_gpu_worker_waits_at_its_gate_without_running_task_code(config, tmp_path):
-    import threading
-    import time
-
-    from dice_pipeline.verify.api import _BatchRun
-    from dice_pipeline.verify.static_checks import check_candidate_source
-
-    marker = tmp_path / "candidate_ran"
-    job = VerifyJob("j", REFERENCE, _module_code_candidate(f"open({str(marker)!r}, 'w').close()"))
-    run = _BatchRun(config, None)
-    static = check_candidate_source(job.reference_src, job.candidate_src)
-    gate, outcome = threading.Event(), {}
-    worker = threading.Thread(target=lambda: outcome.update(
-        result=run._run_worker(job, "run", static, device=None, gate=gate)))
-    worker.start()
-    time.sleep(4)  # long enough to import torch and reach the gate on a slow machine
-    assert worker.is_alive() and not marker.exists()
-    gate.set()
-    worker.join(timeout=120)
-    sandbox_result, payload = outcome["result"]
-    # No GPU here: the run stage stops at its first CUDA check, after the gate.
-    assert payload["status"] == "runtime_error" and payload["reason"]["code"] == "no_gpu_in_worker"
-    assert sandbox_result.wall_seconds < 60
-
-
-@pytest.mark.parametrize("prestart", [True, False])
-def test_gpu_loop_judges_every_job_in_order_with_and_without_prestart(config, monkeypatch, prestart):
-    from dataclasses import replace
-
-    from dice_pipeline.verify import api
-
-    # A GPU the loop believes in; the workers find none, which is a real, reported runtime error.
-    monkeypatch.setattr(api, "gpu_inventory", lambda: [api.GpuInfo(0, "Test GPU", "0", "9.0")])
-    monkeypatch.setattr(api._BatchRun, "build", lambda self, job, static: (None, {"compile_seconds": 0.0}))
-    jobs = [VerifyJob(f"j{i}", REFERENCE, HONEST.replace("2.0f", f"{i + 2}.0f")) for i in range(3)]
-    verdicts = verify_batch(jobs, replace(config, prestart_gpu_workers=prestart))
-    assert [v.status for v in verdicts] == [Status.RUNTIME_ERROR] * 3
-    assert all(v.reason_codes() == ["no_gpu_in_worker"] for v in verdicts)
-    assert all(v.provenance["gpu"] == "Test GPU" and v.provenance["run_seconds"] >= 0 for v in verdicts)
-
-
-def test_cpu_split_keeps_cores_for_gpu_workers(monkeypatch):
-    from dice_pipeline.verify.api import split_cpus
-
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
-    assert split_cpus(2) == ({14, 15}, set(range(14)))
-    assert split_cpus(0) == (None, None)
-    assert split_cpus(5) == (None, None)  # 16 cores < 4 x 5: not worth splitting
-
-
-def test_run_worker_moves_to_its_cores_after_the_gate(config):
-    import threading
-
-    from dice_pipeline.verify.api import _BatchRun
-    from dice_pipeline.verify.static_checks import check_candidate_source
-
-    run = _BatchRun(config, None)
-    core = min(os.sched_getaffinity(0))
-    run.gpu_worker_cpus = {core}
-    gate = threading.Event()
-    gate.set()
-    _, payload = run._run_worker(VerifyJob("j", REFERENCE, HONEST), "run", check_candidate_source(REFERENCE, HONEST),
-                                 device=None, gate=gate)
-    assert payload["worker_cpus"] == [core]
-    assert payload["worker_threads"] == 1  # torch's pool sized to its core, not to the host seen at import
-
-
-def test_gpu_workers_share_their_cores_by_lane(config):
-    from dice_pipeline.verify.api import _BatchRun
-
-    run = _BatchRun(config, None)
-    run.gpus, run.gpu_worker_cpus = ["gpu0"], {0, 1, 2, 3}
-    for lanes, threads in ((1, 4), (2, 2), (3, 1), (8, 1)):
-        run.config.gpu_lanes = lanes
-        assert run.run_threads() == threads
-    run.gpus = ["gpu0", "gpu1"]
-    run.config.gpu_lanes = 2
-    assert run.run_threads() == 1
-
-
 def test_extra_baselines_are_checked_deduplicated_and_given_time():
     with pytest.raises(ValueError, match="extra_baselines"):
         VerifyConfig(extra_baselines=("cuda_graphs",))
@@ -311,58 +231,11 @@ def test_cli_rejects_an_unknown_baseline(tmp_path, capsys):
     assert exit_info.value.code == 2 and "tensorrt" in capsys.readouterr().err
 
 
-def test_several_lanes_judge_every_job_through_the_shared_gpu(config, monkeypatch):
-    from dataclasses import replace
-
-    from dice_pipeline.verify import api
-
-    monkeypatch.setattr(api, "gpu_inventory", lambda: [api.GpuInfo(0, "Test GPU", "0", "9.0")])
-    monkeypatch.setattr(api._BatchRun, "build", lambda self, job, static: (None, {"compile_seconds": 0.0}))
-    runs: list[api._BatchRun] = []
-    original_init = api._BatchRun.__init__
-
-    def remember(self, *args, **kwargs):
-        original_init(self, *args, **kwargs)
-        runs.append(self)
-
-    monkeypatch.setattr(api._BatchRun, "__init__", remember)
-    jobs = [VerifyJob(f"j{i}", REFERENCE, HONEST.replace("2.0f", f"{i + 2}.0f")) for i in range(4)]
-    verdicts = verify_batch(jobs, replace(config, gpu_lanes=3, gpu_memory_fraction=0.6))
-    assert [v.reason_codes() for v in verdicts] == [["no_gpu_in_worker"]] * 4
-    # each worker asked the parent for the GPU (its wait is recorded), and nothing is held after the batch
-    assert all("gpu_wait_s" in v.provenance for v in verdicts)
-    (run,) = runs
-    assert run.shared_gpus[0].state() == {"shared": 0, "exclusive": False, "waiting_exclusive": 0,
-                            "waiting_whole": 0, "residents": 0}
-    assert run.lane_memory_fraction() == pytest.approx(0.2)
-
-
-def test_a_lane_that_ran_out_of_memory_is_judged_again_with_the_gpu_to_itself(config, monkeypatch):
-    from dataclasses import replace
-
-    from dice_pipeline.verify import api
-    from dice_pipeline.verify.sandbox import SandboxResult
-    from dice_pipeline.verify.static_checks import check_candidate_source
-
-    monkeypatch.setattr(api, "gpu_inventory", lambda: [api.GpuInfo(0, "Test GPU", "0", "9.0")])
-    calls: list[dict] = []
-    outcome = SandboxResult(0, False, False, 1.0, 10.0, "", True)
-
-    def fake_worker(self, job, stage, static, device, gate=None, **kwargs):
-        calls.append(kwargs)
-        if len(calls) == 1:
-            return outcome, {"status": "runtime_error", "retry_low_memory": True,
-                             "reasons": [{"code": "candidate_out_of_memory", "message": "oom", "stage": "correctness"}]}
-        return outcome, {"status": "correct", "reasons": [], "speedup": 1.5}
-
-    monkeypatch.setattr(api._BatchRun, "_run_worker", fake_worker)
-    static = check_candidate_source(REFERENCE, HONEST)
-    lanes = api._BatchRun(replace(config, gpu_lanes=2), None)
-    verdict = lanes.judge(VerifyJob("j", REFERENCE, HONEST), static, {}, device=0)
-    assert verdict.status == Status.CORRECT
-    assert calls[1] == {"control": False, "low_memory": True, "gpu_exclusive": True}
-    assert verdict.provenance["first_attempt_out_of_memory"]["status"] == "runtime_error"
-    calls.clear()
-    one_lane = api._BatchRun(replace(config, gpu_lanes=1), None)
-    one_lane.judge(VerifyJob("j", REFERENCE, HONEST), static, {}, device=0)
-    assert calls[1]["gpu_exclusive"] is False  # one lane has the GPU to itself already
+@needs_no_gpu
+def test_without_nvcc_a_candidate_is_not_built_rather_than_called_a_compile_error(config, monkeypatch, tmp_path):
+    # The build would fail for want of the compiler, not for anything in the candidate: it is not built, and the
+    # verdict says so (a host with nvcc builds it, as the README says).
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "no_cuda"))
+    verdict = verify_candidate(REFERENCE, HONEST, config)
+    assert verdict.status == Status.NOT_EXECUTED
+    assert "no nvcc here: not built" in verdict.reasons[0].message
