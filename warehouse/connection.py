@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import fcntl
 import json
+import signal
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -58,6 +60,47 @@ _BUILDS_DDL = f"""CREATE TABLE IF NOT EXISTS {BUILDS_TABLE} (
 )"""
 
 
+@contextmanager
+def _interrupts_reach_the_caller(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
+    """Ctrl-C while a DuckDB connection is open stops its query and reaches the caller as the interrupt it was.
+
+    Left alone, DuckDB turns the KeyboardInterrupt (or Dagster's interrupt error, inside a step) raised during a
+    query into `RuntimeError('Query interrupted')`, which Dagster reports as an ordinary step failure before going
+    on with the steps that do not depend on it; and at times DuckDB drops the interrupt and runs the query to its
+    end (seconds to minutes later). So while the connection is open on the main thread, the SIGINT handler in
+    force (Python's, or Dagster's) is wrapped: when it raises, the running query is stopped (`interrupt()`, which
+    makes DuckDB raise at once; the connection's next statement, a ROLLBACK say, runs normally), the exception is
+    kept and, on leaving the block, that same exception is raised, whatever DuckDB made of it. A handler that only
+    records the signal (Dagster outside a step) is left to do so. Signal handlers belong to the main thread:
+    elsewhere nothing is wrapped.
+    """
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield
+        return
+    pending: list[BaseException] = []
+
+    def on_sigint(signum, frame) -> None:
+        try:
+            previous(signum, frame)
+        except BaseException as interrupt:
+            pending.append(interrupt)
+            con.interrupt()
+            raise
+
+    signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield
+    except BaseException as error:
+        if pending and error is not pending[0]:
+            raise pending[0] from error
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending:  # DuckDB dropped it
+        raise pending[0]
+
+
 @dataclass(frozen=True)
 class Provenance:
     """Where a table's rows came from: the source (e.g. "embedded", "parquet:/data/x.parquet") and the hash of its
@@ -97,7 +140,8 @@ class Warehouse:
             try:
                 con = duckdb.connect(str(self.path))
                 try:
-                    yield con
+                    with _interrupts_reach_the_caller(con):
+                        yield con
                 finally:
                     con.close()
             finally:

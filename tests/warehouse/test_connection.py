@@ -148,3 +148,70 @@ def test_a_writer_killed_before_commit_leaves_the_previous_table_and_source(tmp_
     # The file is usable afterwards: the lock went with the process, the next write commits.
     wh.write(PLAIN, pl.DataFrame({"uuid": ["next"], "n": [2]}, schema=PLAIN.schema))
     assert wh.read(PLAIN)["uuid"].to_list() == ["next"]
+
+
+# Ctrl-C while DuckDB works: run in a child process, so a handler that failed to catch the signal stops the child,
+# not the test session. Each scenario prints one line: what reached the caller.
+_INTERRUPT_SCENARIOS = r"""
+import os, signal, sys, threading, time
+from warehouse import Warehouse
+
+class StepInterrupted(BaseException):  # what Dagster's handler raises inside a step
+    pass
+
+def dagster_like(signum, frame):
+    raise StepInterrupted()
+
+def outcome(action):
+    start = time.monotonic()
+    try:
+        action()
+        return "finished"
+    except BaseException as error:
+        took = time.monotonic() - start
+        return f"{type(error).__name__} after {'<5s' if took < 5 else f'{took:.0f}s'}"
+
+wh = Warehouse(sys.argv[1])
+long_query = "SELECT sum(hash(a.range) % 7) FROM range(?) a"  # a minute or more, unless interrupted
+wh.query(long_query, [1000])  # DuckDB 1.5 notices a signal late during the first query a process runs
+
+def interrupted_query():
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    wh.query(long_query, [4_000_000_000])
+
+print("python handler:", outcome(interrupted_query))
+signal.signal(signal.SIGINT, dagster_like)
+print("dagster handler:", outcome(interrupted_query))
+signal.signal(signal.SIGINT, signal.default_int_handler)
+
+def dropped_inside_the_block():  # a library that swallows the interrupt, as DuckDB at times does
+    with wh.connect() as con:
+        try:
+            signal.raise_signal(signal.SIGINT)
+        except BaseException:
+            pass
+        print("next statement:", con.execute("SELECT 1").fetchall())
+
+print("dropped:", outcome(dropped_inside_the_block))
+print("handler restored:", signal.getsignal(signal.SIGINT) is signal.default_int_handler)
+result = []
+worker = threading.Thread(target=lambda: result.append(wh.query("SELECT 42 AS n")["n"][0]))
+worker.start(); worker.join()
+print("off the main thread:", result)
+"""
+
+
+def test_ctrl_c_during_a_query_reaches_the_caller_as_the_interrupt_it_was(tmp_path):
+    """DuckDB turns a KeyboardInterrupt raised mid-query into RuntimeError('Query interrupted') (Dagster then fails
+    one step and runs the others) or drops it; the warehouse hands the caller the interrupt itself."""
+    done = subprocess.run([sys.executable, "-c", _INTERRUPT_SCENARIOS, str(tmp_path / "w.duckdb")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert [line for line in done.stdout.splitlines() if ": " in line] == [
+        "python handler: KeyboardInterrupt after <5s",
+        "dagster handler: StepInterrupted after <5s",
+        "next statement: [(1,)]",
+        "dropped: KeyboardInterrupt after <5s",
+        "handler restored: True",
+        "off the main thread: [42]",
+    ]
