@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -198,3 +199,29 @@ def _run_statuses(tmp_path) -> dict[str, str]:
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home")},
                          capture_output=True, text=True, check=True).stdout
     return json.loads(out.splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_ctrl_c_mid_run_is_one_line_exit_130_and_the_next_run_finishes(tmp_path, dice, ctrl_c):
+    """Ctrl-C while the run's steps work (DuckDB queries included, which used to turn it into an ordinary step
+    failure, exit 1, or drop it and go on) stops the run with one line and exit 130."""
+    tasks = tmp_path / "kernelbench.jsonl"
+    tasks.write_text(json.dumps(KERNELBENCH_TASK) + "\n")
+    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home"), "DICE_KERNELBENCH_TASKS": str(tasks),
+           "DICE_WAREHOUSE_PATH": str(tmp_path / "w.duckdb"), "DICE_ARTIFACTS_DIR": str(tmp_path / "artifacts")}
+    env.pop("DICE_CONCUR_SOURCE", None)
+    runs = tmp_path / "dagster_home" / "history" / "runs"
+    first_seen = []
+
+    def two_seconds_into_the_run() -> bool:
+        if not first_seen and any(p.name != "index.db" for p in runs.glob("*.db")):
+            first_seen.append(time.monotonic())
+        return bool(first_seen) and time.monotonic() - first_seen[0] > 2
+
+    returncode, out, err = ctrl_c(["run"], env, tmp_path, two_seconds_into_the_run)
+    assert returncode == 130, out + err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    (line,) = err.splitlines()
+    assert line.startswith("dice run: interrupted at threshold 2.0;") and line.endswith("run again to finish")
+    again = dice()
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
