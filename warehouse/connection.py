@@ -60,45 +60,54 @@ _BUILDS_DDL = f"""CREATE TABLE IF NOT EXISTS {BUILDS_TABLE} (
 )"""
 
 
-@contextmanager
-def _interrupts_reach_the_caller(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
-    """Ctrl-C while a DuckDB connection is open stops its query and reaches the caller as the interrupt it was.
+class _InterruptWatch:
+    """The connection a SIGINT should stop (set once it is open) and the interrupt the handler raised, if any."""
 
-    Left alone, DuckDB turns the KeyboardInterrupt (or Dagster's interrupt error, inside a step) raised during a
-    query into `RuntimeError('Query interrupted')`, which Dagster reports as an ordinary step failure before going
-    on with the steps that do not depend on it; and at times DuckDB drops the interrupt and runs the query to its
-    end (seconds to minutes later). So while the connection is open on the main thread, the SIGINT handler in
-    force (Python's, or Dagster's) is wrapped: when it raises, the running query is stopped (`interrupt()`, which
-    makes DuckDB raise at once; the connection's next statement, a ROLLBACK say, runs normally), the exception is
-    kept and, on leaving the block, that same exception is raised, whatever DuckDB made of it. A handler that only
-    records the signal (Dagster outside a step) is left to do so. Signal handlers belong to the main thread:
-    elsewhere nothing is wrapped.
+    def __init__(self) -> None:
+        self.connection: duckdb.DuckDBPyConnection | None = None
+        self.pending: list[BaseException] = []
+
+
+@contextmanager
+def _interrupts_reach_the_caller() -> Iterator[_InterruptWatch]:
+    """Ctrl-C while DuckDB works (opening, querying, closing) stops it and reaches the caller as the interrupt it was.
+
+    Left alone, DuckDB turns the KeyboardInterrupt (or Dagster's interrupt error, inside a step) raised while it
+    works into `RuntimeError('Query interrupted')`, which Dagster reports as an ordinary step failure before going
+    on with the steps that do not depend on it; and at times DuckDB drops the interrupt (while opening the file, or
+    mid-query) and runs on to the query's end, seconds to minutes later. So from before the connection is opened
+    until it is closed, on the main thread, the SIGINT handler in force (Python's, or Dagster's) is wrapped: when it
+    raises, the open connection's query is stopped (`interrupt()`, which makes DuckDB raise at once; the
+    connection's next statement, a ROLLBACK say, runs normally), the exception is kept and, on leaving the block,
+    that same exception is raised, whatever DuckDB made of it. A handler that only records the signal (Dagster
+    outside a step) is left to do so. Signal handlers belong to the main thread: elsewhere nothing is wrapped.
     """
+    watch = _InterruptWatch()
     previous = signal.getsignal(signal.SIGINT)
     if threading.current_thread() is not threading.main_thread() or not callable(previous):
-        yield
+        yield watch
         return
-    pending: list[BaseException] = []
 
     def on_sigint(signum, frame) -> None:
         try:
             previous(signum, frame)
         except BaseException as interrupt:
-            pending.append(interrupt)
-            con.interrupt()
+            watch.pending.append(interrupt)
+            if watch.connection is not None:
+                watch.connection.interrupt()
             raise
 
     signal.signal(signal.SIGINT, on_sigint)
     try:
-        yield
+        yield watch
     except BaseException as error:
-        if pending and error is not pending[0]:
-            raise pending[0] from error
+        if watch.pending and error is not watch.pending[0]:
+            raise watch.pending[0] from error
         raise
     finally:
         signal.signal(signal.SIGINT, previous)
-    if pending:  # DuckDB dropped it
-        raise pending[0]
+    if watch.pending:  # DuckDB dropped it
+        raise watch.pending[0]
 
 
 @dataclass(frozen=True)
@@ -138,12 +147,12 @@ class Warehouse:
                         ) from None
                     time.sleep(0.05)
             try:
-                con = duckdb.connect(str(self.path))
-                try:
-                    with _interrupts_reach_the_caller(con):
+                with _interrupts_reach_the_caller() as watch:
+                    con = watch.connection = duckdb.connect(str(self.path))
+                    try:
                         yield con
-                finally:
-                    con.close()
+                    finally:
+                        con.close()
             finally:
                 fcntl.flock(lock_file, fcntl.LOCK_UN)
 

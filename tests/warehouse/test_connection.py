@@ -1,7 +1,9 @@
 """The DuckDB warehouse: empty tables, partition replacement, schema growth, serialized writers."""
 
+import signal
 import subprocess
 import sys
+import time
 
 import polars as pl
 import pytest
@@ -150,10 +152,11 @@ def test_a_writer_killed_before_commit_leaves_the_previous_table_and_source(tmp_
     assert wh.read(PLAIN)["uuid"].to_list() == ["next"]
 
 
-# Ctrl-C while DuckDB works: run in a child process, so a handler that failed to catch the signal stops the child,
-# not the test session. Each scenario prints one line: what reached the caller.
+# Ctrl-C while DuckDB works, in a child process, so a handler that failed to catch the signal stops the child, not
+# the test session. The child says "ready" before each query to be interrupted, and the test sends SIGINT from
+# outside a moment later, as a terminal does; each scenario then prints one line: what reached the caller.
 _INTERRUPT_SCENARIOS = r"""
-import os, signal, sys, threading, time
+import signal, sys, threading, time
 from warehouse import Warehouse
 
 class StepInterrupted(BaseException):  # what Dagster's handler raises inside a step
@@ -171,17 +174,20 @@ def outcome(action):
         took = time.monotonic() - start
         return f"{type(error).__name__} after {'<5s' if took < 5 else f'{took:.0f}s'}"
 
+# As in a terminal: a process started in the background by a shell without job control inherits SIGINT ignored,
+# and Python then installs no handler of its own.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 wh = Warehouse(sys.argv[1])
 long_query = "SELECT sum(hash(a.range) % 7) FROM range(?) a"  # a minute or more, unless interrupted
-wh.query(long_query, [1000])  # DuckDB 1.5 notices a signal late during the first query a process runs
+wh.query(long_query, [1000])  # DuckDB 1.5 does not look for signals during the first query a process runs
 
 def interrupted_query():
-    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+    print("ready", flush=True)
     wh.query(long_query, [4_000_000_000])
 
-print("python handler:", outcome(interrupted_query))
+print("python handler:", outcome(interrupted_query), flush=True)
 signal.signal(signal.SIGINT, dagster_like)
-print("dagster handler:", outcome(interrupted_query))
+print("dagster handler:", outcome(interrupted_query), flush=True)
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
 def dropped_inside_the_block():  # a library that swallows the interrupt, as DuckDB at times does
@@ -204,10 +210,21 @@ print("off the main thread:", result)
 def test_ctrl_c_during_a_query_reaches_the_caller_as_the_interrupt_it_was(tmp_path):
     """DuckDB turns a KeyboardInterrupt raised mid-query into RuntimeError('Query interrupted') (Dagster then fails
     one step and runs the others) or drops it; the warehouse hands the caller the interrupt itself."""
-    done = subprocess.run([sys.executable, "-c", _INTERRUPT_SCENARIOS, str(tmp_path / "w.duckdb")],
-                          capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
-    assert [line for line in done.stdout.splitlines() if ": " in line] == [
+    child = subprocess.Popen([sys.executable, "-c", _INTERRUPT_SCENARIOS, str(tmp_path / "w.duckdb")],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines = []
+    try:
+        for line in child.stdout:
+            if line.strip() == "ready":
+                time.sleep(0.3)  # into the query
+                child.send_signal(signal.SIGINT)
+            elif ": " in line:  # not DuckDB's progress bar, were a query to run long
+                lines.append(line.rstrip("\n"))
+        assert child.wait(timeout=300) == 0, child.stderr.read()
+    finally:
+        if child.poll() is None:
+            child.kill()
+    assert lines == [
         "python handler: KeyboardInterrupt after <5s",
         "dagster handler: StepInterrupted after <5s",
         "next statement: [(1,)]",
