@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from tests.assets.conftest import scratch_env
 from warehouse import Warehouse
 
 # A one-task stand-in for KernelBench (CuKe decontaminates against it), so the tests need no shared data.
@@ -160,9 +161,7 @@ def test_a_run_killed_mid_ingestion_leaves_the_previous_tables(tmp_path, dice, p
     before = _tables(tmp_path)
     # Large enough that reading and validating it takes seconds (about 4000 rows a second here).
     big = _write(tmp_path, "big.jsonl", [pair_factory(i) for i in range(30000)])
-    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home"),
-           "DICE_WAREHOUSE_PATH": str(tmp_path / "w.duckdb"), "DICE_ARTIFACTS_DIR": str(tmp_path / "artifacts")}
-    env.pop("DICE_CONCUR_SOURCE", None)
+    env = scratch_env(tmp_path)
     command = [sys.executable, "-m", "dice_pipeline.cli", "run", "--source", big, "--allow-source-change", "--verbose"]
     run = subprocess.Popen(command, cwd=tmp_path, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                            text=True)
@@ -205,11 +204,7 @@ def _run_statuses(tmp_path) -> dict[str, str]:
 def test_ctrl_c_mid_run_is_one_line_exit_130_and_the_next_run_finishes(tmp_path, dice, ctrl_c):
     """Ctrl-C while the run's steps work (DuckDB queries included, which used to turn it into an ordinary step
     failure, exit 1, or drop it and go on) stops the run with one line and exit 130."""
-    tasks = tmp_path / "kernelbench.jsonl"
-    tasks.write_text(json.dumps(KERNELBENCH_TASK) + "\n")
-    env = {**os.environ, "DAGSTER_HOME": str(tmp_path / "dagster_home"), "DICE_KERNELBENCH_TASKS": str(tasks),
-           "DICE_WAREHOUSE_PATH": str(tmp_path / "w.duckdb"), "DICE_ARTIFACTS_DIR": str(tmp_path / "artifacts")}
-    env.pop("DICE_CONCUR_SOURCE", None)
+    env = scratch_env(tmp_path, DICE_KERNELBENCH_TASKS=str(tmp_path / "kernelbench.jsonl"))  # written by `dice`
     runs = tmp_path / "dagster_home" / "history" / "runs"
     first_seen = []
 
